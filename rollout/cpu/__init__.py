@@ -1,0 +1,1 @@
+"""Pieces of the embedded CPU engine: weights cache, batch-invariant Llama forward, sampler."""

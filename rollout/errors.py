@@ -1,0 +1,48 @@
+"""Error types. Every error a user can cause names the parameter or file and the bad value."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class RolloutError(Exception):
+    """Base of every error this package raises on purpose."""
+
+
+class ConfigError(RolloutError):
+    """A parameter of a job, a config or a request is invalid.
+
+    `reason` says what is wrong and shows the value, e.g. "must be in (0, 1], got 1.5".
+    """
+
+    def __init__(self, parameter: str, value: Any, reason: str) -> None:
+        self.parameter = parameter
+        self.value = value
+        self.reason = reason
+        super().__init__(f"invalid {parameter}: {reason}")
+
+
+class InputError(RolloutError):
+    """An input (a prompt, a file, a row) is invalid; `where` names it."""
+
+    def __init__(self, where: str, reason: str) -> None:
+        self.where = where
+        self.reason = reason
+        super().__init__(f"{where}: {reason}")
+
+
+class EngineError(RolloutError):
+    """The engine cannot start or failed: fatal, never swallowed."""
+
+
+def config_error_from_validation(exc: Exception, prefix: str = "") -> ConfigError:
+    """The first problem of a pydantic ValidationError as a ConfigError naming the field path."""
+    errors = exc.errors() if hasattr(exc, "errors") else []
+    if not errors:
+        return ConfigError(prefix or "config", None, str(exc))
+    first = errors[0]
+    path = ".".join(str(p) for p in first.get("loc", ()))
+    parameter = ".".join(p for p in (prefix, path) if p) or "config"
+    message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
+    return ConfigError(parameter, first.get("input"), message + more)
