@@ -4,13 +4,9 @@ Why not transformers' batched `generate`: its CPU results for a row depend on th
 batch (left padding and the GEMM's blocking change the last bits of the logits), so
 a sampled sequence can change with its batch mates. Here:
 
-- every projection is a GEMM over the rows of all sequences, cut into calls of exactly
-  the same number of rows (the last one padded with zero rows): MKL picks its blocking
-  (and so the order of a row's sums) from the matrix shape, so a row's bits change with
-  the row count (measured here: classes 1, 2-15 and 16+ rows, and a thread-dependent
-  split at 64-128 rows for K=1536). With one fixed shape per call, a row's result does
-  not depend on its position in the block or on the other rows (checked at start by
-  `invariance.py`). Prefill uses 128-row calls, decode and the LM head 32-row calls;
+- every projection is one GEMM over the rows of all sequences, run in MKL's strict
+  reproducible mode (`numerics.py`), in which a row's result does not depend on the
+  number of rows or on the other rows (checked at start by `invariance.py`);
 - attention is computed per sequence (its own KV cache, its own length), explicitly
   (q @ K^T, softmax, @ V), so no padding takes part and the result is the same at any
   thread count;
@@ -24,9 +20,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-
-PREFILL_ROWS = 128  # rows in every prefill GEMM call
-DECODE_ROWS = 32  # rows in every decode (and LM head) GEMM call
 
 
 @dataclass(frozen=True)
@@ -89,22 +82,6 @@ class KVCache:
         self.data = grown
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, rows_per_call: int) -> torch.Tensor:
-    """x @ weight.T computed in GEMM calls of exactly `rows_per_call` rows.
-
-    The last call is padded with zero rows, which are dropped: they never reach a real
-    row's result, and every row is computed by a GEMM of the same shape.
-    """
-    rows = x.shape[0]
-    padded = -(-rows // rows_per_call) * rows_per_call
-    if padded != rows:
-        x = torch.cat([x, x.new_zeros(padded - rows, x.shape[1])])
-    if padded == rows_per_call:
-        return F.linear(x, weight)[:rows]
-    parts = [F.linear(x[i : i + rows_per_call], weight) for i in range(0, padded, rows_per_call)]
-    return torch.cat(parts)[:rows]
-
-
 class LlamaCPU:
     """The model: weights fused per layer (q|k|v and gate|up) and the forward passes."""
 
@@ -156,9 +133,9 @@ class LlamaCPU:
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos + rotated * sin
 
-    def _qkv(self, layer: _Layer, x: torch.Tensor, positions: torch.Tensor, rows: int):
+    def _qkv(self, layer: _Layer, x: torch.Tensor, positions: torch.Tensor):
         cfg = self.cfg
-        qkv = linear(self._norm(x, layer.attn_norm), layer.w_qkv, rows)
+        qkv = F.linear(self._norm(x, layer.attn_norm), layer.w_qkv)
         q = qkv[:, : self.q_size].reshape(-1, cfg.num_heads, cfg.head_dim)
         k = qkv[:, self.q_size : self.q_size + self.kv_size].reshape(
             -1, cfg.num_kv_heads, cfg.head_dim
@@ -166,21 +143,19 @@ class LlamaCPU:
         v = qkv[:, self.q_size + self.kv_size :].reshape(-1, cfg.num_kv_heads, cfg.head_dim)
         return self._rope(q, positions), self._rope(k, positions), v
 
-    def _mlp(self, layer: _Layer, x: torch.Tensor, rows: int) -> torch.Tensor:
+    def _mlp(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
         inter = self.cfg.intermediate_size
-        gate_up = linear(self._norm(x, layer.mlp_norm), layer.w_gate_up, rows)
+        gate_up = F.linear(self._norm(x, layer.mlp_norm), layer.w_gate_up)
         act = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
-        return x + linear(act, layer.w_down, rows)
+        return x + F.linear(act, layer.w_down)
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(self._norm(x, self.final_norm), self.lm_head, DECODE_ROWS)
+        return F.linear(self._norm(x, self.final_norm), self.lm_head)
 
-    def gemm_weights(self) -> list[tuple[torch.Tensor, int]]:
-        """Every distinct (weight, rows per call) pair the passes use, for the self-test."""
+    def gemm_weights(self) -> list[torch.Tensor]:
+        """Every distinct weight shape the passes multiply by, for the self-test."""
         layer = self.layers[0]
-        mats = [layer.w_qkv, layer.w_o, layer.w_gate_up, layer.w_down]
-        pairs = [(w, rows) for rows in (PREFILL_ROWS, DECODE_ROWS) for w in mats]
-        return pairs + [(self.lm_head, DECODE_ROWS)]
+        return [layer.w_qkv, layer.w_o, layer.w_gate_up, layer.w_down, self.lm_head]
 
     # -- passes ---------------------------------------------------------------------------
     @torch.inference_mode()
@@ -198,7 +173,7 @@ class LlamaCPU:
         causal = {n: torch.ones(n, n, dtype=torch.bool).tril_() for n in set(lengths)}
         x = self.embed[tokens]
         for li, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, x, positions, PREFILL_ROWS)
+            q, k, v = self._qkv(layer, x, positions)
             attn = torch.empty(x.shape[0], self.q_size)
             for s, cache in enumerate(caches):
                 a, b, n = starts[s], starts[s + 1], lengths[s]
@@ -215,8 +190,8 @@ class LlamaCPU:
                     .transpose(0, 1)
                     .reshape(n, self.q_size)
                 )
-            x = x + linear(attn, layer.w_o, PREFILL_ROWS)
-            x = self._mlp(layer, x, PREFILL_ROWS)
+            x = x + F.linear(attn, layer.w_o)
+            x = self._mlp(layer, x)
         for cache, n in zip(caches, lengths, strict=True):
             cache.length = n
         last = torch.tensor([b - 1 for b in starts[1:]], dtype=torch.long)
@@ -230,19 +205,23 @@ class LlamaCPU:
         for cache in caches:
             cache.reserve(cache.length + 1)
         x = self.embed[torch.tensor(list(tokens), dtype=torch.long)]
+        group_shape = (-1, cfg.num_kv_heads, self.group, cfg.head_dim)
         for li, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, x, positions, DECODE_ROWS)
-            attn = torch.empty(x.shape[0], self.q_size)
+            q, k, v = self._qkv(layer, x, positions)
+            # Scaling q by 1/sqrt(head_dim) before q @ K^T instead of after: the scale
+            # is applied once per step rather than once per sequence.
+            q = (q * self.scale).reshape(group_shape)
+            new_kv = torch.stack([k, v], dim=1)  # (rows, 2, kv_heads, head_dim)
+            outs = []
             for s, cache in enumerate(caches):
                 n = cache.length + 1
                 kv = cache.data[li]
-                kv[0, :, n - 1] = k[s]
-                kv[1, :, n - 1] = v[s]
-                qs = q[s].reshape(cfg.num_kv_heads, self.group, cfg.head_dim)
-                scores = torch.bmm(qs, kv[0, :, :n].transpose(1, 2)) * self.scale
-                attn[s] = torch.bmm(scores.softmax(-1), kv[1, :, :n]).reshape(self.q_size)
-            x = x + linear(attn, layer.w_o, DECODE_ROWS)
-            x = self._mlp(layer, x, DECODE_ROWS)
+                kv[:, :, n - 1] = new_kv[s]
+                probs = torch.bmm(q[s], kv[0, :, :n].transpose(1, 2)).softmax(-1)
+                outs.append(torch.bmm(probs, kv[1, :, :n]))
+            attn = torch.stack(outs).reshape(len(caches), self.q_size)
+            x = x + F.linear(attn, layer.w_o)
+            x = self._mlp(layer, x)
         for cache in caches:
             cache.length += 1
         return self._logits(x)

@@ -18,16 +18,27 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from rollout.cpu.numerics import request_strict_gemm
 
-from rollout.cpu.invariance import check_row_invariance
-from rollout.cpu.llama import DECODE_ROWS, PREFILL_ROWS, KVCache, LlamaConfig, LlamaCPU
-from rollout.cpu.sampler import SAMPLER_VERSION, sample_row
-from rollout.cpu.weights import GGUF_FILENAME, ensure_cached, find_gguf
-from rollout.engines.base import Engine, GenerationRequest, GenerationResult
-from rollout.engines.stopping import StopState
-from rollout.errors import ConfigError, EngineError, InputError, config_error_from_validation
+# Before torch runs its first matrix multiply in this process (see numerics.py).
+request_strict_gemm()
+
+import torch  # noqa: E402
+from pydantic import BaseModel, ConfigDict, Field, ValidationError  # noqa: E402
+
+from rollout.cpu.invariance import check_row_invariance  # noqa: E402
+from rollout.cpu.llama import KVCache, LlamaConfig, LlamaCPU  # noqa: E402
+from rollout.cpu.numerics import gemm_mode  # noqa: E402
+from rollout.cpu.sampler import SAMPLER_VERSION, sample_row  # noqa: E402
+from rollout.cpu.weights import GGUF_FILENAME, ensure_cached, find_gguf  # noqa: E402
+from rollout.engines.base import Engine, GenerationRequest, GenerationResult  # noqa: E402
+from rollout.engines.stopping import StopState  # noqa: E402
+from rollout.errors import (  # noqa: E402
+    ConfigError,
+    EngineError,
+    InputError,
+    config_error_from_validation,
+)
 
 # Bump when anything that changes this engine's numerics or sampling changes.
 ENGINE_VERSION = "1"
@@ -45,6 +56,11 @@ class SmolLM2Options(BaseModel):
         2048,
         ge=1,
         description="The most prompt tokens prefilled in one step (a longer prompt still runs alone).",
+    )
+    require_batch_invariance: bool = Field(
+        True,
+        description="Refuse to start when the start-up self-test finds the GEMM not batch-invariant; "
+        "false runs anyway and records batch_invariant: false in the fingerprint.",
     )
     max_model_len: int = Field(
         2048,
@@ -118,7 +134,14 @@ class SmolLM2Engine(Engine):
         self._eos = frozenset([eos] if isinstance(eos, int) else (eos or []))
         problems = check_row_invariance(self._model.gemm_weights())
         if problems:
-            _log("batch invariance NOT guaranteed on this CPU: " + "; ".join(problems[:3]))
+            message = (
+                "batch invariance self-test failed: " + "; ".join(problems[:2]) + ". Set "
+                "MKL_CBWR=AUTO,STRICT in the environment before the process's first matrix "
+                "multiply (rollout does so when its engine module is imported first)"
+            )
+            if self.options.require_batch_invariance:
+                raise EngineError(message)
+            _log(message + "; running anyway (require_batch_invariance=false)")
         self._fingerprint = {
             "engine": self.name,
             "engine_version": ENGINE_VERSION,
@@ -127,10 +150,9 @@ class SmolLM2Engine(Engine):
             "dtype": "float32",
             "max_model_len": self.options.max_model_len,
             "sampler": SAMPLER_VERSION,
-            "gemm_rows": {"prefill": PREFILL_ROWS, "decode": DECODE_ROWS},
             "batch_invariant": not problems,
             "torch": torch.__version__,
-            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "gemm": gemm_mode(),
             "machine": platform.machine(),
         }
         self.converted_weights = cached.converted_now

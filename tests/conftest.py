@@ -1,0 +1,40 @@
+"""Shared fixtures: the real SmolLM2 engine, loaded once per session and batch size."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from rollout.cpu.numerics import request_strict_gemm
+
+# Before this process's first matrix multiply, as every rollout entry point does.
+request_strict_gemm()
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def smollm2_factory() -> Iterator[Callable[..., object]]:
+    """smollm2 engines by options; each distinct set of options is started once."""
+    from rollout.engines import create_engine
+
+    engines: dict[tuple, object] = {}
+
+    def get(**options):
+        key = tuple(sorted(options.items()))
+        if key not in engines:
+            engine = create_engine("smollm2", **options)
+            engine.start()
+            engines[key] = engine
+        return engines[key]
+
+    yield get
+    for engine in engines.values():
+        engine.close()
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_factory):
+    return smollm2_factory()

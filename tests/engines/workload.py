@@ -1,0 +1,60 @@
+"""The batch-invariance workload: 64 prompts of 1 to 400 tokens, sampled, 48 new tokens.
+
+Also a script: `python tests/engines/workload.py OUT.json [MAX_NUM_SEQS]` runs it in a
+fresh process and writes the results, for the cross-process comparison.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+
+from rollout.determinism import seq_seed
+from rollout.engines.base import GenerationRequest, GenerationResult
+from rollout.sampling_params import SamplingParams
+
+PARAMS = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=48, logprobs=True)
+NUM_PROMPTS = 64
+
+
+def requests(engine) -> list[GenerationRequest]:
+    """64 prompts: real text and random token ids, lengths spread over 1..400."""
+    text = (
+        "The history of computing is long and full of surprising turns. Early machines were "
+        "mechanical; later ones used relays, vacuum tubes, transistors and integrated circuits. "
+    ) * 40
+    base = engine.encode(text)
+    rng = np.random.default_rng(2026)
+    lengths = np.linspace(1, 400, NUM_PROMPTS).astype(int)
+    out = []
+    for i, n in enumerate(lengths):
+        if i % 2:
+            ids = [int(t) for t in rng.integers(3, 49152, n)]
+        else:
+            ids = base[i : i + n]
+        out.append(GenerationRequest(str(i), ids, PARAMS, seq_seed(7, str(i), 0)))
+    return out
+
+
+def as_records(results: list[GenerationResult]) -> list[dict]:
+    return [
+        {
+            "id": r.request_id,
+            "tokens": r.output_token_ids,
+            "logprobs": r.output_logprobs,
+            "finish": r.finish_reason,
+        }
+        for r in results
+    ]
+
+
+if __name__ == "__main__":
+    from rollout.engines import create_engine
+
+    max_num_seqs = int(sys.argv[2]) if len(sys.argv) > 2 else 64
+    with create_engine("smollm2", max_num_seqs=max_num_seqs) as engine:
+        records = as_records(engine.generate(requests(engine)))
+    with open(sys.argv[1], "w") as f:
+        json.dump(records, f)

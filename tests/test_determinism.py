@@ -1,0 +1,106 @@
+"""The determinism contract v1: fixed vectors computed independently (struct + hashlib)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rollout import determinism as d
+
+# From shared/DETERMINISM.md.
+CONTRACT_SEEDS = [
+    (0, "0", 0, 2196836408974444785),
+    (42, "17", 3, 6293115345145438996),
+    (18446744073709551615, "prompt-é/7", 0, 7256886613776335195),
+]
+
+# (job_seed, example_id, sample_index, prompt ids, output ids, finish_reason,
+#  seq_seed, prompt_hash, output_hash, row_hash), computed with struct.pack("<i") + hashlib.
+VECTORS = [
+    (7, "a", 0, [5], [9, 10], "stop", 9345684245196155200,
+     "2594b6a92ebfb1c3312deb7d01c015fb95e9fbe9bd7bc6b527af07813ec7b910",
+     "305725c7681df0ac3d63a9624c1d1732547ff3efae0c0b7fe42ba8656b155ed8",
+     "f21055d73bc0eaf908d6baf283ff7a0092a3fedb1a1fecef59ca1db2b2618f39"),
+    (123456789, "row-000042", 1, [1, 9690, 198], [2], "stop", 9763419516905318492,
+     "0d631712d6f96027292fafd58ead16d0b304ad1411385f69fb20e835abab279f",
+     "26b25d457597a7b0463f9620f666dd10aa2c4373a505967c7c8d70922a2d6ece",
+     "1ba43fe1d020748db6eb669057ba6c2e5075502c857643d588c23dccf0e5d48c"),
+    (2**63, "日本語", 7, [0], [49151, -1], "length", 16551634692360431285,
+     "df3f619804a92fdb4057192dc43dd748ea778adc52bc498ce80524c014b81119",
+     "9f0fbb3922420174e48b5f26eb0993ff38b8674c8f0056dd225047bea8b7c75a",
+     "b64e5b98778c055e5bb7a3c6748bf5dce258658e60f54d83196987cb918dad95"),
+    (1, "", 0, list(range(10)), [], "length", 13639663596490774558,
+     "10b4796eac59c7d81c33711f219ba227247a4e338adad078159ba01e87590841",
+     "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
+     "d742d81dda7c5a6ec5880cc0973c6b74e0f2638af3866aa538c7c8c9194d445d"),
+    (99, "x\ny", 2, [300, 400], [65535, 70000], "stop", 1560079153484268027,
+     "e3b6e20a388342f0a867ed428f0c6037f827c69d94b62fff58783828561a6358",
+     "4cffdf4b2c69198c830cd15a9a4e0854f54c4dd18cbce514ef45f23e050d0f1a",
+     "83f7deef75ed6fe9668cf479c0c6f08cb27e840634f370ef37d724a97f471f56"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("job_seed", "example_id", "sample_index", "expected"), CONTRACT_SEEDS)
+def test_contract_seed_vectors(job_seed: int, example_id: str, sample_index: int, expected: int):
+    assert d.seq_seed(job_seed, example_id, sample_index) == expected
+
+
+def test_contract_hash_vectors():
+    empty = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+    assert d.token_hash([]) == empty
+    p = d.token_hash([1, 2, 3])
+    assert p == "4636993d3e1da4e9d6b8f87b79e8f7c6d018580d52661950eabc3845c5897a4d"
+    seed = d.seq_seed(42, "17", 3)
+    assert (
+        d.row_hash("17", 3, seed, p, empty, "length")
+        == "090ce1ff1d92124b8abb5dedcf63b9730229bd1825c19d61065cbe1684c9ac2c"
+    )
+
+
+@pytest.mark.parametrize("vec", VECTORS, ids=[f"vector{i}" for i in range(len(VECTORS))])
+def test_independent_vectors(vec):
+    job_seed, ex, si, prompt, output, reason, seed, ph, oh, rh = vec
+    assert d.seq_seed(job_seed, ex, si) == seed
+    assert d.token_hash(prompt) == ph
+    assert d.token_hash(output) == oh
+    assert d.row_hash(ex, si, seed, ph, oh, reason) == rh
+
+
+def test_run_and_shard_digests():
+    rows = [
+        d.row_hash(
+            str(i),
+            0,
+            d.seq_seed(5, str(i), 0),
+            d.token_hash([i]),
+            d.token_hash([i, i + 1]),
+            "length",
+        )
+        for i in range(3)
+    ]
+    assert d.run_digest(rows) == "b45a74301f936565cb0afc098049dbd5cb18d709105206eee3fbcf08fa255993"
+    assert (
+        d.shard_digest(rows) == "e951c4b39d2c49371a9c7676dc1aaf59b84302940abc157611ad7ff5f771ba18"
+    )
+    assert d.run_digest(reversed(rows)) != d.run_digest(rows)
+
+
+def test_config_hash_is_canonical():
+    a = {"b": [1, 2], "a": "é", "c": {"y": 1.5, "x": None}}
+    b = {"c": {"x": None, "y": 1.5}, "a": "é", "b": [1, 2]}
+    assert d.canonical_json(a) == '{"a":"é","b":[1,2],"c":{"x":null,"y":1.5}}'.encode()
+    assert d.config_hash(a) == d.config_hash(b)
+    assert d.config_hash(a) != d.config_hash({**a, "a": "e"})
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: d.seq_seed(-1, "0", 0), "job_seed must be an unsigned 64-bit integer, got -1"),
+        (lambda: d.seq_seed(2**64, "0", 0), "job_seed must be an unsigned 64-bit integer"),
+        (lambda: d.seq_seed(0, "0", -1), "sample_index must be >= 0, got -1"),
+        (lambda: d.row_hash("0", 0, 1, "a", "b", "eos"), "finish_reason must be one of"),
+    ],
+)
+def test_bad_values_are_refused(call, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        call()
