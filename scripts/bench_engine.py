@@ -144,7 +144,9 @@ def main() -> None:
 
         tok = AutoTokenizer.from_pretrained(args.model_dir)
         texts = [
-            tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+            tok.apply_chat_template(
+                [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True
+            )
             for p in PROMPTS
         ]
         print(hf_run(args.hf_only, texts, args.model_dir))
