@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export RAY_AUTH_MODE := disabled
 
-.PHONY: install demo test lint fmt bench-engine clean
+.PHONY: install demo test lint fmt bench-engine schema clean
 
 install: $(STAMP)
 
@@ -25,6 +25,7 @@ $(STAMP): pyproject.toml Makefile
 
 demo: install
 	$(VENV)/bin/rollout generate --chat "What is the capital of France?" --temperature 0 --max-tokens 32
+	$(VENV)/bin/rollout run configs/demo.yaml
 
 test: install
 	$(VENV)/bin/ruff check rollout tests scripts
@@ -40,6 +41,9 @@ fmt: install
 
 bench-engine: install
 	$(PY) scripts/bench_engine.py
+
+schema: install
+	$(PY) -c "import json; from rollout.jobs.spec import job_spec_json_schema as s; print(json.dumps(s(), indent=2))" > docs/job-spec.schema.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

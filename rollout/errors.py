@@ -21,6 +21,9 @@ class ConfigError(RolloutError):
         self.reason = reason
         super().__init__(f"invalid {parameter}: {reason}")
 
+    def __reduce__(self):  # keep the fields when the error crosses a process boundary
+        return (type(self), (self.parameter, self.value, self.reason))
+
 
 class InputError(RolloutError):
     """An input (a prompt, a file, a row) is invalid; `where` names it."""
@@ -29,6 +32,9 @@ class InputError(RolloutError):
         self.where = where
         self.reason = reason
         super().__init__(f"{where}: {reason}")
+
+    def __reduce__(self):
+        return (type(self), (self.where, self.reason))
 
 
 class EngineError(RolloutError):

@@ -8,10 +8,10 @@ import sys
 from collections.abc import Sequence
 
 from rollout import __version__
-from rollout.cli import generate
+from rollout.cli import generate, run
 from rollout.errors import ConfigError, EngineError, InputError, RolloutError
 
-SUBCOMMANDS = (generate,)
+SUBCOMMANDS = (generate, run)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,7 +1,7 @@
 """The batch-invariance workload: 64 prompts of 1 to 400 tokens, sampled, 48 new tokens.
 
-Also a script: `python tests/engines/workload.py OUT.json [MAX_NUM_SEQS]` runs it in a
-fresh process and writes the results, for the cross-process comparison.
+Also a script: `python tests/engines/workload.py OUT.json MAX_NUM_SEQS [LIMIT]` runs it
+in a fresh process and writes the results, for the cross-process comparisons.
 """
 
 from __future__ import annotations
@@ -19,8 +19,11 @@ PARAMS = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=48, logprobs=Tru
 NUM_PROMPTS = 64
 
 
-def requests(engine) -> list[GenerationRequest]:
-    """64 prompts: real text and random token ids, lengths spread over 1..400."""
+def requests(engine, limit: int | None = None) -> list[GenerationRequest]:
+    """64 prompts: real text and random token ids, lengths spread over 1..400.
+
+    With `limit`, the first `limit` prompts with 16 new tokens (a quick variant).
+    """
     text = (
         "The history of computing is long and full of surprising turns. Early machines were "
         "mechanical; later ones used relays, vacuum tubes, transistors and integrated circuits. "
@@ -35,6 +38,12 @@ def requests(engine) -> list[GenerationRequest]:
         else:
             ids = base[i : i + n]
         out.append(GenerationRequest(str(i), ids, PARAMS, seq_seed(7, str(i), 0)))
+    if limit is not None:
+        quick = PARAMS.model_copy(update={"max_tokens": 16})
+        out = [
+            GenerationRequest(r.request_id, r.prompt_token_ids, quick, r.seq_seed)
+            for r in out[:limit]
+        ]
     return out
 
 
@@ -51,10 +60,14 @@ def as_records(results: list[GenerationResult]) -> list[dict]:
 
 
 if __name__ == "__main__":
+    from rollout.cpu.numerics import request_strict_gemm
+
+    request_strict_gemm()
     from rollout.engines import create_engine
 
-    max_num_seqs = int(sys.argv[2]) if len(sys.argv) > 2 else 64
+    max_num_seqs = int(sys.argv[2])
+    limit = int(sys.argv[3]) if len(sys.argv) > 3 else None
     with create_engine("smollm2", max_num_seqs=max_num_seqs) as engine:
-        records = as_records(engine.generate(requests(engine)))
+        records = as_records(engine.generate(requests(engine, limit)))
     with open(sys.argv[1], "w") as f:
         json.dump(records, f)

@@ -1,0 +1,1 @@
+"""Reading prompts (sources, prompt rendering) and writing generations (sink)."""

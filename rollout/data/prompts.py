@@ -1,0 +1,155 @@
+"""Turn input rows into prompt text: a text column, a chat messages column, or a template.
+
+Each job checks the columns it needs against the input schema before any work starts,
+and names the available columns when one is missing.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from rollout.errors import ConfigError, InputError
+from rollout.jobs.spec import JobSpec, PromptSpec
+
+
+def template_fields(template: str) -> list[str]:
+    """The column names a template uses; only plain `{name}` fields are allowed."""
+    fields: list[str] = []
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        raise ConfigError("prompt.template", template, f"is not a valid template: {exc}") from None
+    for _, name, spec, conversion in parsed:
+        if name is None:
+            continue
+        if not name.isidentifier() and not name.replace("-", "_").replace(" ", "_").isidentifier():
+            raise ConfigError(
+                "prompt.template",
+                template,
+                f"field {{{name}}} must be a plain column name (no attributes, no indexing)",
+            )
+        if spec or conversion:
+            raise ConfigError(
+                "prompt.template",
+                template,
+                f"field {{{name}}} may not carry a format spec or conversion",
+            )
+        fields.append(name)
+    if not fields:
+        raise ConfigError(
+            "prompt.template", template, "uses no column; write fields like {question}"
+        )
+    return fields
+
+
+def needed_columns(spec: JobSpec) -> list[str]:
+    """Every input column the job reads, in a stable order."""
+    p = spec.prompt
+    cols: list[str] = []
+    if p.column:
+        cols.append(p.column)
+    if p.messages_column:
+        cols.append(p.messages_column)
+    if p.template:
+        cols.extend(template_fields(p.template))
+    if spec.id_column:
+        cols.append(spec.id_column)
+    cols.extend(spec.carry_columns)
+    return list(dict.fromkeys(cols))
+
+
+def check_columns(schema: pa.Schema, spec: JobSpec, where: str) -> None:
+    available = schema.names
+    for col in needed_columns(spec):
+        if col not in available:
+            role = _role_of(spec, col)
+            raise InputError(
+                where, f"has no column {col!r} ({role}); available columns: {', '.join(available)}"
+            )
+
+
+def _role_of(spec: JobSpec, col: str) -> str:
+    p = spec.prompt
+    if col == p.column:
+        return "prompt.column"
+    if col == p.messages_column:
+        return "prompt.messages_column"
+    if col == spec.id_column:
+        return "id_column"
+    if col in spec.carry_columns:
+        return "carry_columns"
+    return "a field of prompt.template"
+
+
+@dataclass
+class RenderedPrompt:
+    """A row's prompt, or why it has none."""
+
+    text: str | None = None
+    messages: list[dict[str, str]] | None = None
+    problem: str | None = None
+
+
+def render_rows(rows: Sequence[dict[str, Any]], prompt: PromptSpec) -> list[RenderedPrompt]:
+    return [_render(row, prompt) for row in rows]
+
+
+def _render(row: dict[str, Any], p: PromptSpec) -> RenderedPrompt:
+    if p.messages_column:
+        return _messages(row.get(p.messages_column), p.messages_column)
+    if p.column:
+        value = row.get(p.column)
+        if value is None:
+            return RenderedPrompt(problem=f"column {p.column!r} is null")
+        if not isinstance(value, str):
+            return RenderedPrompt(
+                problem=f"column {p.column!r} is {type(value).__name__}, not a string"
+            )
+        text = value
+    else:
+        assert p.template is not None
+        values = {}
+        for name in template_fields(p.template):
+            v = row.get(name)
+            if v is None:
+                return RenderedPrompt(problem=f"template column {name!r} is null")
+            values[name] = v if isinstance(v, str) else str(v)
+        text = p.template.format_map(values)
+    if not text.strip():
+        return RenderedPrompt(problem="the prompt is empty")
+    if p.chat:
+        messages = ([{"role": "system", "content": p.system}] if p.system else []) + [
+            {"role": "user", "content": text}
+        ]
+        return RenderedPrompt(messages=messages)
+    return RenderedPrompt(text=text)
+
+
+def _messages(value: Any, column: str) -> RenderedPrompt:
+    if value is None:
+        return RenderedPrompt(problem=f"column {column!r} is null")
+    if not isinstance(value, list) or not value:
+        return RenderedPrompt(
+            problem=f"column {column!r} must be a non-empty list of {{role, content}}, got {type(value).__name__}"
+        )
+    out = []
+    for i, m in enumerate(value):
+        if (
+            not isinstance(m, dict)
+            or not isinstance(m.get("role"), str)
+            or not isinstance(m.get("content"), str)
+        ):
+            return RenderedPrompt(
+                problem=f"column {column!r}: message {i} must be {{role: string, content: string}}, got {m!r}"[
+                    :300
+                ]
+            )
+        out.append({"role": m["role"], "content": m["content"]})
+    if not any(m["content"].strip() for m in out):
+        return RenderedPrompt(problem="the prompt is empty")
+    return RenderedPrompt(messages=out)

@@ -1,0 +1,1 @@
+"""Job specs: what a rollout job asks for, validated at the boundary."""

@@ -1,0 +1,42 @@
+"""The engine actor: one engine, started once, reused for every shard it is handed."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from rollout.cpu.numerics import request_strict_gemm
+
+
+class EngineWorker:
+    """Holds one started engine and the job's input; runs shards. Wrapped by `ray.remote`."""
+
+    def __init__(self, spec_json: str, shard_dir: str, row_counts: list[int]) -> None:
+        request_strict_gemm()  # before this process's first matrix multiply
+        from rollout.data.sources import Source
+        from rollout.engines import create_engine
+        from rollout.errors import InputError
+        from rollout.jobs.spec import JobSpec
+
+        self.spec = JobSpec.model_validate_json(spec_json)
+        self.source = Source(self.spec.input.path, self.spec.input.format, self.spec.input.split)
+        if len(self.source.files) != len(row_counts):
+            raise InputError(
+                f"input {self.spec.input.path!r}", "its files changed while the job was starting"
+            )
+        self.source._counts = list(row_counts)
+        self.shard_dir = Path(shard_dir)
+        self.engine = create_engine(self.spec.engine.name, **self.spec.engine.options)
+        self.engine.start()
+
+    def fingerprint(self) -> dict[str, Any]:
+        return self.engine.fingerprint()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def run(self, task: Any) -> Any:
+        from rollout.runtime.shard import run_shard
+
+        return run_shard(self.spec, self.source, self.engine, task, self.shard_dir)
