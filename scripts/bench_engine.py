@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import re
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,9 @@ from rollout.cpu.weights import ensure_cached  # noqa: E402
 from rollout.determinism import seq_seed  # noqa: E402
 from rollout.engines import GenerationRequest, create_engine  # noqa: E402
 from rollout.sampling_params import SamplingParams  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+from benchlib import publish  # noqa: E402
 
 PROMPTS = [
     "What is the capital of France?",
@@ -198,15 +200,7 @@ def main() -> None:
         f"- engine start in a fresh process: cold (GGUF conversion) {cold:.1f} s, warm (cached weights) {warm:.1f} s (target <= 5 s)",
         "",
     ]
-    report = "\n".join(lines)
-    print(report)
-    if args.write:
-        text = args.write.read_text() if args.write.exists() else "# Benchmarks\n\n"
-        pattern = re.compile(r"## Engine: smollm2 vs transformers.*?(?=\n## |\Z)", re.S)
-        text = (
-            pattern.sub(report, text) if pattern.search(text) else text.rstrip() + "\n\n" + report
-        )
-        args.write.write_text(text)
+    publish("\n".join(lines), args.write)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import tempfile
 import time
@@ -33,6 +32,7 @@ from rollout.runtime.runner import JobRunner  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_engine import PROMPTS as ENGINE_PROMPTS  # noqa: E402
+from benchlib import publish  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENS = 64
@@ -123,15 +123,7 @@ def main() -> None:
         f"- excluded above: engine load {load_a:.1f} s in (a); Ray start plus actor and engine start {startup_b:.1f} s in (b)",
         "",
     ]
-    report = "\n".join(lines)
-    print(report)
-    if args.write:
-        text = args.write.read_text()
-        pattern = re.compile(r"## Service overhead.*?(?=\n## |\Z)", re.S)
-        text = (
-            pattern.sub(report, text) if pattern.search(text) else text.rstrip() + "\n\n" + report
-        )
-        args.write.write_text(text)
+    publish("\n".join(lines), args.write)
 
 
 if __name__ == "__main__":

@@ -138,11 +138,9 @@ class JobSpec(_Strict):
         """Everything that decides the output: what `config_hash` is computed over."""
         return {
             "version": "rollout-config-v1",
-            "input": {
-                "format": self.input.format,
-                "split": self.input.split,
-                "fingerprint": input_fingerprint,
-            },
+            # The fingerprint names the format as resolved, so "auto" and an explicit
+            # format that reads the same bytes give the same hash.
+            "input": {"split": self.input.split, "fingerprint": input_fingerprint},
             "prompt": self.prompt.model_dump(),
             "sampling": self.sampling.model_dump(),
             "n": self.n,

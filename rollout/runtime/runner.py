@@ -11,6 +11,7 @@ Layout of a run directory:
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -142,23 +143,30 @@ class JobRunner:
         source = Source(spec.input.path, spec.input.format, spec.input.split)
         check_columns(source.schema(), spec, where=f"input {spec.input.path!r}")
         counts = source.row_counts()
-        total = sum(counts)
-        if total == 0:
+        if sum(counts) == 0:
             raise InputError(
                 f"input {spec.input.path!r}", "has 0 rows; there is nothing to generate"
             )
         if spec.id_column:
             check_unique_ids(source, spec.id_column)
         existing = self._existing_manifest()
-        input_fp = source.fingerprint()
+        self._lock()
+        try:
+            return self._run_locked(source, counts, existing, started)
+        finally:
+            self._lock_file.close()
 
+    def _run_locked(
+        self, source: Source, counts: list[int], existing: Manifest | None, started: float
+    ) -> RunSummary:
+        spec = self.spec
+        input_fp = source.fingerprint()
         connect_ray(self.ray_address)
         from rollout.runtime.pool import ShardPool
 
-        staging = self.out / STAGING
         pool = ShardPool(
             size=spec.pool.actors,
-            actor_args=(spec.model_dump_json(), str(staging), counts),
+            actor_args=(spec.model_dump_json(), str(self.out / STAGING), counts),
             num_cpus=spec.pool.cpus_per_actor,
             num_gpus=spec.pool.gpus_per_actor,
             in_flight_per_actor=spec.pool.shards_in_flight_per_actor,
@@ -172,28 +180,39 @@ class JobRunner:
                     "the engine actors report different fingerprints; a run needs identical engines"
                 )
             config = spec.config_view(input_fp, fingerprints[0])
-            chash = determinism.config_hash(config)
-            manifest, resumed = self._prepare(existing, config, chash, total)
+            manifest, resumed = self._prepare(
+                existing, config, determinism.config_hash(config), sum(counts)
+            )
+            if self.progress:
+                self.progress.start(manifest)
+            by_id = {s.shard_id: s for s in manifest.shards}
             todo = [
                 ShardTask(s.shard_id, s.start, s.end) for s in manifest.shards if not s.complete
             ]
-            if self.progress:
-                self.progress.start(manifest)
-            if todo:
-                by_id = {s.shard_id: s for s in manifest.shards}
-                for result in pool.run(todo):
-                    entry = by_id[result.shard_id]
-                    entry.complete = True
-                    entry.rows, entry.shard_digest = result.rows, result.shard_digest
-                    entry.skipped = result.skipped
-                    manifest.save(self.out)
-                    self._count(result)
-                    if self.progress:
-                        self.progress.shard_done(result, manifest)
-            summary = self._finish(manifest, resumed, started, pool.restarts)
+            for result in pool.run(todo):
+                entry = by_id[result.shard_id]
+                entry.complete = True
+                entry.rows, entry.shard_digest = result.rows, result.shard_digest
+                entry.skipped = result.skipped
+                manifest.save(self.out)
+                self._count(result)
+                if self.progress:
+                    self.progress.shard_done(result, manifest)
+            return self._finish(manifest, resumed, started, pool.restarts)
         finally:
             pool.shutdown()
-        return summary
+
+    def _lock(self) -> None:
+        """Hold `.lock` in the output directory for the whole run: one writer per directory."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        self._lock_file = open(self.out / ".lock", "a+")  # noqa: SIM115 - held while the runner lives
+        try:
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock_file.close()
+            raise ConfigError(
+                "output", str(self.out), "is being written by another rollout run"
+            ) from None
 
     # -- resume --------------------------------------------------------------------------------
     def _existing_manifest(self) -> Manifest | None:
@@ -202,7 +221,7 @@ class JobRunner:
         if not self.out.is_dir():
             raise ConfigError("output", str(self.out), "is a file, not a directory")
         manifest = Manifest.load(self.out)
-        if manifest is None and any(self.out.iterdir()):
+        if manifest is None and any(p.name != ".lock" for p in self.out.iterdir()):
             raise ConfigError(
                 "output",
                 str(self.out),

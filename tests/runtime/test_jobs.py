@@ -305,3 +305,20 @@ def test_finished_run_reads_as_one_dataset_everywhere(reference):
     assert polars.read_parquet(f"{data}/*.parquet").height == 40
     duckdb = pytest.importorskip("duckdb")
     assert duckdb.sql(f"select count(*) from '{data}/*.parquet'").fetchall() == [(40,)]
+
+
+def test_one_writer_per_output_directory(reference, prompts):
+    import fcntl
+
+    out, _ = reference
+    with open(out / ".lock", "a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(ConfigError, match="is being written by another rollout run"):
+            JobRunner(spec(prompts, out)).run()
+
+
+def test_a_directory_that_is_not_a_run_is_refused(ray_runtime, prompts, tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="non-empty directory that holds no rollout run"):
+        JobRunner(spec(prompts, tmp_path)).run()
+    assert (tmp_path / "notes.txt").read_text() == "mine"
