@@ -119,7 +119,7 @@ def main() -> None:
         f"| (b) `rollout run`, 1 actor | {summary.output_tokens} | {seconds_b:.1f} | {rate_b:.1f} |",
         "",
         f"- **ratio b/a: {rate_b / rate_a:.3f}** (target >= 0.95)",
-        f"- identical output tokens in (a) and (b): **{same}** (seeds differ only if example ids differ: here both use the row index)",
+        f"- identical output tokens in (a) and (b): **{same}** (both derive each seed from example id = row index and job seed 0)",
         f"- excluded above: engine load {load_a:.1f} s in (a); Ray start plus actor and engine start {startup_b:.1f} s in (b)",
         "",
     ]
