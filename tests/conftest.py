@@ -38,3 +38,15 @@ def smollm2_factory() -> Iterator[Callable[..., object]]:
 @pytest.fixture(scope="session")
 def smollm2(smollm2_factory):
     return smollm2_factory()
+
+
+@pytest.fixture(scope="session")
+def ray_runtime():
+    """A real local Ray runtime, started once, as `rollout run` starts it."""
+    import ray
+
+    from rollout.runtime.runner import connect_ray
+
+    connect_ray(None)
+    yield ray
+    ray.shutdown()

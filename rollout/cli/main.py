@@ -8,10 +8,10 @@ import sys
 from collections.abc import Sequence
 
 from rollout import __version__
-from rollout.cli import generate, run
+from rollout.cli import generate, jobs, run, serve
 from rollout.errors import ConfigError, EngineError, InputError, RolloutError
 
-SUBCOMMANDS = (generate, run)
+SUBCOMMANDS = (generate, run, serve, jobs)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,6 +38,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (EngineError, RolloutError) as exc:
         print(f"rollout: engine error: {exc}", file=sys.stderr)
         return 1
+    except Exception as exc:
+        import grpc
+
+        if isinstance(exc, grpc.RpcError):
+            code = exc.code()
+            print(f"rollout: error: {code.name}: {exc.details()}", file=sys.stderr)
+            user = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.PERMISSION_DENIED,
+                    grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAUTHENTICATED)  # fmt: skip
+            return 2 if code in user else 1
+        raise
     except KeyboardInterrupt:
         print("rollout: interrupted", file=sys.stderr)
         return 130

@@ -10,6 +10,7 @@ stops the job with that error.
 from __future__ import annotations
 
 import sys
+import threading
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
-from rollout.errors import EngineError
+from rollout.errors import EngineError, JobCancelled
 from rollout.runtime.actor import EngineWorker
 from rollout.runtime.shard import ShardResult, ShardTask
 
@@ -51,7 +52,9 @@ class ShardPool:
         except RayActorError as exc:
             raise EngineError(f"an engine actor failed to start: {_first_line(exc)}") from None
 
-    def run(self, tasks: Iterable[ShardTask]) -> Iterator[ShardResult]:
+    def run(
+        self, tasks: Iterable[ShardTask], cancel: threading.Event | None = None
+    ) -> Iterator[ShardResult]:
         queue = deque(tasks)
         attempts: Counter[int] = Counter()
         load = [0] * len(self.actors)
@@ -62,7 +65,9 @@ class ShardPool:
                     task = queue.popleft()
                     inflight[actor.run.remote(task)] = (i, actor, task)
                     load[i] += 1
-            ready, _ = ray.wait(list(inflight), num_returns=1)
+            ready, _ = ray.wait(list(inflight), num_returns=1, timeout=0.25)
+            if cancel is not None and cancel.is_set():
+                raise JobCancelled("the job was cancelled")
             for ref in ready:
                 i, actor, task = inflight.pop(ref)
                 load[i] -= 1

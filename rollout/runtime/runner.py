@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -130,12 +131,17 @@ def connect_ray(address: str | None) -> None:
 
 class JobRunner:
     def __init__(
-        self, spec: JobSpec, ray_address: str | None = None, progress: Progress | None = None
+        self,
+        spec: JobSpec,
+        ray_address: str | None = None,
+        progress: Progress | None = None,
+        cancel: threading.Event | None = None,
     ) -> None:
         self.spec = spec
         self.out = Path(spec.output).expanduser().resolve()
         self.ray_address = ray_address
         self.progress = progress
+        self.cancel = cancel
 
     def run(self) -> RunSummary:
         started = time.monotonic()
@@ -189,7 +195,7 @@ class JobRunner:
             todo = [
                 ShardTask(s.shard_id, s.start, s.end) for s in manifest.shards if not s.complete
             ]
-            for result in pool.run(todo):
+            for result in pool.run(todo, self.cancel):
                 entry = by_id[result.shard_id]
                 entry.complete = True
                 entry.rows, entry.shard_digest = result.rows, result.shard_digest

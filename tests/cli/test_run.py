@@ -59,6 +59,13 @@ def test_run_bad_config_exits_2_naming_the_field(tmp_path: Path):
     )
     (tmp_path / "ok.yaml").write_text("input: {path: x.parquet}\nprompt: {column: q}\n")
     out = rollout("run", "ok.yaml", "--actors", "0", cwd=tmp_path)
-    assert out.returncode == 2 and "invalid pool.actors: Input should be greater than or equal to 1" in out.stderr
+    assert (
+        out.returncode == 2
+        and "invalid pool.actors: Input should be greater than or equal to 1" in out.stderr
+    )
     out = rollout("run", "ok.yaml", cwd=tmp_path)
-    assert out.returncode == 2 and "x.parquet" in out.stderr and "no such file or directory" in out.stderr
+    assert (
+        out.returncode == 2
+        and "x.parquet" in out.stderr
+        and "no such file or directory" in out.stderr
+    )

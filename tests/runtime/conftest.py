@@ -1,4 +1,4 @@
-"""Fixtures for job tests: a real local Ray runtime, real Parquet inputs, an independent digest."""
+"""Helpers for job tests: an independent implementation of the run digest."""
 
 from __future__ import annotations
 
@@ -7,18 +7,6 @@ import struct
 from pathlib import Path
 
 import pyarrow.dataset as pads
-import pytest
-
-
-@pytest.fixture(scope="session")
-def ray_runtime():
-    import ray
-
-    from rollout.runtime.runner import connect_ray
-
-    connect_ray(None)
-    yield ray
-    ray.shutdown()
 
 
 def independent_run_digest(run_dir: Path) -> tuple[str, list[dict]]:

@@ -1,0 +1,93 @@
+"""`rollout serve`: the gRPC server (loopback by default), with health checking and reflection."""
+
+from __future__ import annotations
+
+import hmac
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from rollout.api.servicer import RolloutServicer, pb, pb_grpc
+from rollout.service.manager import JobManager
+from rollout.service.store import JobStore
+
+MAX_MESSAGE_BYTES = 1 << 20  # a job spec larger than 1 MiB is refused
+SERVICE_NAME = "rollout.v1.RolloutService"
+_OPEN_METHODS = ("/grpc.health.v1.Health/",)  # probes carry no token
+
+
+class TokenAuth(grpc.ServerInterceptor):
+    """Every call (but health checks) must carry `authorization: Bearer <token>`."""
+
+    def __init__(self, token: str) -> None:
+        self._expected = f"Bearer {token}".encode()
+
+        def deny(request, context):
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+
+        self._deny = grpc.unary_unary_rpc_method_handler(deny)
+        self._deny_stream = grpc.unary_stream_rpc_method_handler(deny)
+
+    def intercept_service(self, continuation, details):
+        if details.method.startswith(_OPEN_METHODS):
+            return continuation(details)
+        sent = dict(details.invocation_metadata).get("authorization", "")
+        if hmac.compare_digest(sent.encode(), self._expected):
+            return continuation(details)
+        return self._deny_stream if details.method.endswith("/WatchJob") else self._deny
+
+
+class Server:
+    def __init__(
+        self,
+        address: str,
+        state_dir: Path,
+        data_roots: list[Path],
+        max_concurrent_jobs: int = 1,
+        ray_address: str | None = None,
+        token: str | None = None,
+        tls: tuple[bytes, bytes] | None = None,
+    ) -> None:
+        self.store = JobStore(state_dir / "jobs.sqlite")
+        self.manager = JobManager(self.store, data_roots, max_concurrent_jobs, ray_address)
+        self.grpc = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=32),
+            interceptors=[TokenAuth(token)] if token else [],
+            options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)],
+        )
+        pb_grpc.add_RolloutServiceServicer_to_server(RolloutServicer(self.manager), self.grpc)
+        self.health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
+        names = (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME)
+        reflection.enable_server_reflection(names, self.grpc)
+        if tls:
+            creds = grpc.ssl_server_credentials([(tls[1], tls[0])])  # (key, cert)
+            self.port = self.grpc.add_secure_port(address, creds)
+        else:
+            self.port = self.grpc.add_insecure_port(address)
+        if self.port == 0:
+            raise OSError(f"cannot listen on {address}")
+
+    def start(self) -> list[str]:
+        from rollout.runtime.runner import connect_ray
+
+        # The service owns the Ray driver: connect once, here, before taking jobs.
+        connect_ray(self.manager.ray_address)
+        resumed = self.manager.start()
+        self.grpc.start()
+        for name in ("", SERVICE_NAME):
+            self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        return resumed
+
+    def stop(self, grace: float = 2.0) -> None:
+        for name in ("", SERVICE_NAME):
+            self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.manager.stop()
+        self.grpc.stop(grace).wait()
+        self.store.close()
+
+
+__all__ = ["Server", "pb"]

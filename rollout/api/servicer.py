@@ -1,0 +1,123 @@
+"""The RolloutService servicer: a thin adapter from gRPC to rollout.service.JobManager."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+from google.protobuf import json_format, struct_pb2
+
+from rollout.api.proto import modules
+from rollout.errors import AccessError, ConfigError, InputError, RolloutError
+from rollout.runtime.manifest import Manifest
+from rollout.service.manager import JobManager, NotFound
+from rollout.service.store import FINAL, STATES, JobRecord
+
+pb, pb_grpc = modules()
+
+MAX_PAGE = 500
+
+
+def status_of(exc: BaseException) -> grpc.StatusCode:
+    """The one mapping from rollout errors to gRPC status codes."""
+    if isinstance(exc, (ConfigError, InputError)):
+        return grpc.StatusCode.INVALID_ARGUMENT
+    if isinstance(exc, AccessError):
+        return grpc.StatusCode.PERMISSION_DENIED
+    if isinstance(exc, NotFound):
+        return grpc.StatusCode.NOT_FOUND
+    if isinstance(exc, RolloutError):
+        return grpc.StatusCode.FAILED_PRECONDITION
+    return grpc.StatusCode.INTERNAL
+
+
+def to_proto(r: JobRecord) -> Any:
+    return pb.Job(
+        job_id=r.job_id,
+        state=pb.JobState.Value(r.state),
+        spec=json_format.ParseDict(r.spec, struct_pb2.Struct()),
+        request_id=r.request_id or "",
+        output=r.output,
+        created_at=r.created_at,
+        started_at=r.started_at,
+        finished_at=r.finished_at,
+        progress=pb.Progress(**r.progress),
+        error=r.error,
+        config_hash=r.config_hash,
+        run_digest=r.run_digest,
+    )
+
+
+class RolloutServicer(pb_grpc.RolloutServiceServicer):
+    def __init__(self, manager: JobManager) -> None:
+        self.manager = manager
+
+    def _call(self, context: grpc.ServicerContext, fn, *args):
+        try:
+            return fn(*args)
+        except Exception as exc:  # every error becomes a status with its message
+            context.abort(status_of(exc), str(exc))
+
+    def SubmitJob(self, request, context):
+        spec = json_format.MessageToDict(request.spec)
+        record = self._call(context, self.manager.submit, spec, request.request_id or None)
+        return to_proto(record)
+
+    def GetJob(self, request, context):
+        return to_proto(self._call(context, self.manager.get, request.job_id))
+
+    def ListJobs(self, request, context):
+        states = [pb.JobState.Name(s) for s in request.states]
+        if any(s not in STATES for s in states):
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"states must be among {', '.join(STATES)}"
+            )
+        size = request.page_size or 50
+        if not 1 <= size <= MAX_PAGE:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"page_size must be in [1, {MAX_PAGE}], got {size}",
+            )
+        try:
+            after = int(request.page_token or "0")
+        except ValueError:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"page_token {request.page_token!r} is not valid"
+            )
+        records = self.manager.store.list(states, after, size + 1)
+        more = len(records) > size
+        records = records[:size]
+        token = str(records[-1].seq) if more else ""
+        return pb.ListJobsResponse(jobs=[to_proto(r) for r in records], next_page_token=token)
+
+    def CancelJob(self, request, context):
+        return to_proto(self._call(context, self.manager.cancel, request.job_id))
+
+    def WatchJob(self, request, context) -> Iterator[Any]:
+        record = self._call(context, self.manager.get, request.job_id)
+        last = to_proto(record)
+        yield pb.JobEvent(job=last)
+        while record.state not in FINAL and context.is_active():
+            self.manager.wait_for_change(1.0)
+            record = self.manager.get(request.job_id)
+            current = to_proto(record)
+            if current != last:
+                last = current
+                yield pb.JobEvent(job=current)
+
+    def GetRunManifest(self, request, context):
+        from pathlib import Path
+
+        record = self._call(context, self.manager.get, request.job_id)
+        manifest = Manifest.load(Path(record.output))
+        if manifest is None:
+            context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"job {record.job_id} has no manifest yet ({record.state})",
+            )
+        path = Path(record.output) / "manifest.json"
+        return pb.RunManifest(
+            manifest=json_format.ParseDict(json.loads(path.read_text()), struct_pb2.Struct())
+        )

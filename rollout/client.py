@@ -1,0 +1,106 @@
+"""A Python client for the rollout gRPC service (what the CLI uses).
+
+from rollout.client import RolloutClient
+with RolloutClient("127.0.0.1:50051") as client:
+    job = client.submit(spec_dict)
+    for update in client.watch(job.job_id):
+        print(update.state, update.progress.shards_done)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+from google.protobuf import json_format, struct_pb2
+
+from rollout.api.proto import modules
+
+pb, pb_grpc = modules()
+DEFAULT_ADDRESS = "127.0.0.1:50051"
+FINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED")
+
+
+class RolloutClient:
+    def __init__(
+        self,
+        address: str | None = None,
+        token: str | None = None,
+        root_cert: bytes | None = None,
+        timeout: float = 30.0,
+    ) -> None:
+        self.address = address or os.environ.get("ROLLOUT_SERVER", DEFAULT_ADDRESS)
+        if token is None and os.environ.get("ROLLOUT_TOKEN_FILE"):
+            token = Path(os.environ["ROLLOUT_TOKEN_FILE"]).read_text().strip()
+        self._metadata = [("authorization", f"Bearer {token}")] if token else []
+        if root_cert is not None:
+            self._channel = grpc.secure_channel(
+                self.address, grpc.ssl_channel_credentials(root_cert)
+            )
+        else:
+            self._channel = grpc.insecure_channel(self.address)
+        self._stub = pb_grpc.RolloutServiceStub(self._channel)
+        self.timeout = timeout
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> RolloutClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _kw(self) -> dict[str, Any]:
+        return {"metadata": self._metadata, "timeout": self.timeout}
+
+    def submit(self, spec: dict[str, Any], request_id: str | None = None) -> Any:
+        req = pb.SubmitJobRequest(
+            spec=json_format.ParseDict(spec, struct_pb2.Struct()), request_id=request_id or ""
+        )
+        return self._stub.SubmitJob(req, **self._kw())
+
+    def get(self, job_id: str) -> Any:
+        return self._stub.GetJob(pb.GetJobRequest(job_id=job_id), **self._kw())
+
+    def list(self, states: list[str] | None = None, page_size: int = 100) -> Iterator[Any]:
+        token = ""
+        while True:
+            req = pb.ListJobsRequest(
+                states=[pb.JobState.Value(s) for s in states or []],
+                page_size=page_size,
+                page_token=token,
+            )
+            resp = self._stub.ListJobs(req, **self._kw())
+            yield from resp.jobs
+            token = resp.next_page_token
+            if not token:
+                return
+
+    def cancel(self, job_id: str) -> Any:
+        return self._stub.CancelJob(pb.CancelJobRequest(job_id=job_id), **self._kw())
+
+    def watch(self, job_id: str) -> Iterator[Any]:
+        """The job now, then each change, until it ends."""
+        for event in self._stub.WatchJob(
+            pb.WatchJobRequest(job_id=job_id), metadata=self._metadata
+        ):
+            yield event.job
+
+    def manifest(self, job_id: str) -> dict[str, Any]:
+        resp = self._stub.GetRunManifest(pb.GetRunManifestRequest(job_id=job_id), **self._kw())
+        return json_format.MessageToDict(resp.manifest)
+
+    def health(self) -> str:
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        stub = health_pb2_grpc.HealthStub(self._channel)
+        resp = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=self.timeout)
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+
+
+def state_name(job: Any) -> str:
+    return pb.JobState.Name(job.state)

@@ -1,0 +1,198 @@
+"""Runs submitted jobs: validation, data roots, a queue in submission order, cancellation, watchers.
+
+Jobs run in threads of the service process, which owns the Ray driver; how many run at
+once is `max_concurrent`. Every change is written to the job store first, then
+announced to watchers. On start, jobs a previous process left RUNNING go back to the
+queue and resume through the run directory (complete shards kept).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from rollout.errors import AccessError, JobCancelled, RolloutError
+from rollout.jobs.spec import JobSpec, parse_job_spec
+from rollout.runtime.runner import JobRunner
+from rollout.service.store import JobRecord, JobStore
+
+
+class NotFound(RolloutError):
+    pass
+
+
+def resolve_under_roots(parameter: str, value: str, roots: list[Path]) -> str:
+    """The absolute path of `value` (relative paths are under the first root), if it lies
+    under one of `roots` once `..` and symlinks are resolved; else AccessError."""
+    if "://" in value:
+        raise AccessError(parameter, value, "URIs are not served; use a path under a data root")
+    path = Path(value)
+    if not path.is_absolute():
+        path = roots[0] / path
+    real = path.resolve()
+    for root in roots:
+        if real == root or root in real.parents:
+            return str(real)
+    raise AccessError(
+        parameter,
+        value,
+        f"resolves to {real}, outside the data roots ({', '.join(map(str, roots))})",
+    )
+
+
+class JobManager:
+    def __init__(
+        self,
+        store: JobStore,
+        data_roots: list[Path],
+        max_concurrent: int = 1,
+        ray_address: str | None = None,
+    ) -> None:
+        self.store = store
+        self.roots = [r.resolve() for r in data_roots]
+        self.max_concurrent = max_concurrent
+        self.ray_address = ray_address
+        self.changed = threading.Condition()
+        self._cancel: dict[str, threading.Event] = {}
+        self._threads: dict[str, threading.Thread] = {}
+        self._stop = threading.Event()
+        self._scheduler = threading.Thread(
+            target=self._schedule, name="rollout-scheduler", daemon=True
+        )
+
+    # -- life cycle -------------------------------------------------------------------------
+    def start(self) -> list[str]:
+        resumed = self.store.requeue_interrupted()
+        self._scheduler.start()
+        return resumed
+
+    def stop(self, timeout: float = 120.0) -> None:
+        """Stop taking jobs; running ones stop after their current step and go back to QUEUED."""
+        self._stop.set()
+        for event in list(self._cancel.values()):
+            event.set()
+        self._notify()
+        self._scheduler.join(timeout)
+        for thread in list(self._threads.values()):
+            thread.join(timeout)
+
+    # -- API ------------------------------------------------------------------------------------
+    def validate(self, spec: dict[str, Any]) -> JobSpec:
+        job = parse_job_spec(spec)
+        inp = resolve_under_roots("input.path", job.input.path, self.roots)
+        out = resolve_under_roots("output", job.output, self.roots)
+        return job.model_copy(
+            update={"input": job.input.model_copy(update={"path": inp}), "output": out}
+        )
+
+    def submit(self, spec: dict[str, Any], request_id: str | None) -> JobRecord:
+        job = self.validate(spec)
+        record, created = self.store.submit(job.model_dump(mode="json"), job.output, request_id)
+        if created:
+            self._notify()
+        return record
+
+    def get(self, job_id: str) -> JobRecord:
+        record = self.store.get(job_id)
+        if record is None:
+            raise NotFound(f"no job {job_id!r}")
+        return record
+
+    def cancel(self, job_id: str) -> JobRecord:
+        record = self.get(job_id)
+        if record.state == "QUEUED":
+            self.store.update(
+                job_id, state="CANCELLED", finished_at=time.time(), cancel_requested=1
+            )
+        elif record.state == "RUNNING":
+            self.store.update(job_id, cancel_requested=1)
+            event = self._cancel.get(job_id)
+            if event:
+                event.set()
+        self._notify()
+        return self.get(job_id)
+
+    def wait_for_change(self, timeout: float) -> None:
+        with self.changed:
+            self.changed.wait(timeout)
+
+    # -- running ----------------------------------------------------------------------------------
+    def _notify(self) -> None:
+        with self.changed:
+            self.changed.notify_all()
+
+    def _schedule(self) -> None:
+        while not self._stop.is_set():
+            self._threads = {k: t for k, t in self._threads.items() if t.is_alive()}
+            record = self.store.next_queued() if len(self._threads) < self.max_concurrent else None
+            if record is None:
+                self.wait_for_change(0.5)
+                continue
+            self.store.update(record.job_id, state="RUNNING", started_at=time.time(), error="")
+            self._cancel[record.job_id] = threading.Event()
+            thread = threading.Thread(
+                target=self._run, args=(record,), name=f"job-{record.job_id}", daemon=True
+            )
+            self._threads[record.job_id] = thread
+            thread.start()
+            self._notify()
+
+    def _run(self, record: JobRecord) -> None:
+        job_id = record.job_id
+        try:
+            spec = JobSpec.model_validate(record.spec)
+            runner = JobRunner(
+                spec,
+                self.ray_address,
+                progress=_StoreProgress(self, job_id),
+                cancel=self._cancel[job_id],
+            )
+            summary = runner.run()
+            self.store.update(job_id, state="SUCCEEDED", finished_at=time.time(), run_digest=summary.run_digest,
+                              config_hash=summary.config_hash)  # fmt: skip
+        except JobCancelled:
+            if self._stop.is_set():  # the service is stopping: the job resumes at the next start
+                self.store.update(job_id, state="QUEUED")
+            else:
+                self.store.update(job_id, state="CANCELLED", finished_at=time.time())
+        except RolloutError as exc:
+            self.store.update(job_id, state="FAILED", finished_at=time.time(), error=str(exc))
+        except Exception as exc:  # a bug, not the user's input: say so, keep the trace
+            detail = "".join(traceback.format_exception_only(exc)).strip()
+            self.store.update(
+                job_id, state="FAILED", finished_at=time.time(), error=f"internal error: {detail}"
+            )
+            traceback.print_exc()
+        finally:
+            self._cancel.pop(job_id, None)
+            self._notify()
+
+
+class _StoreProgress:
+    """Writes a running job's progress to the store and wakes watchers."""
+
+    def __init__(self, manager: JobManager, job_id: str) -> None:
+        self.manager, self.job_id = manager, job_id
+        self.started = time.monotonic()
+        self.tokens = 0
+        self.rows = 0
+
+    def start(self, manifest) -> None:
+        self.started = time.monotonic()
+        self.manager.store.update(self.job_id, progress=self._progress(manifest))
+        self.manager._notify()
+
+    def shard_done(self, result, manifest) -> None:
+        self.tokens += result.output_tokens
+        self.rows += result.rows
+        self.manager.store.update(self.job_id, progress=self._progress(manifest))
+        self.manager._notify()
+
+    def _progress(self, manifest) -> dict:
+        seconds = max(time.monotonic() - self.started, 1e-9)
+        rows = sum(s.rows or 0 for s in manifest.shards if s.complete)
+        return {"shards_done": manifest.done, "shards_total": len(manifest.shards), "rows": rows,
+                "output_tokens": self.tokens, "output_tokens_per_s": self.tokens / seconds}  # fmt: skip
