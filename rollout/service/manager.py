@@ -14,6 +14,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from rollout.data.prompts import check_columns
+from rollout.data.sources import Source
+from rollout.engines import engine_class
 from rollout.errors import AccessError, JobCancelled, RolloutError
 from rollout.jobs.spec import JobSpec, parse_job_spec
 from rollout.runtime.runner import JobRunner
@@ -81,12 +84,17 @@ class JobManager:
 
     # -- API ------------------------------------------------------------------------------------
     def validate(self, spec: dict[str, Any]) -> JobSpec:
+        """The spec, its paths under the data roots, and its input's files and columns."""
         job = parse_job_spec(spec)
         inp = resolve_under_roots("input.path", job.input.path, self.roots)
         out = resolve_under_roots("output", job.output, self.roots)
-        return job.model_copy(
+        job = job.model_copy(
             update={"input": job.input.model_copy(update={"path": inp}), "output": out}
         )
+        engine_class(job.engine.name)
+        source = Source(job.input.path, job.input.format, job.input.split)
+        check_columns(source.schema(), job, where=f"input {job.input.path!r}")
+        return job
 
     def submit(self, spec: dict[str, Any], request_id: str | None) -> JobRecord:
         job = self.validate(spec)

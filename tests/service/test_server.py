@@ -102,6 +102,12 @@ def test_bad_specs_and_paths_are_refused_with_their_status(ray_runtime, tmp_path
                 (job_spec(roots, "escape/o"), grpc.StatusCode.PERMISSION_DENIED, "outside the data roots"),
                 ({**job_spec(roots, "x"), "input": {"path": "s3://bucket/x"}}, grpc.StatusCode.PERMISSION_DENIED,
                  "URIs are not served"),
+                ({**job_spec(roots, "x"), "input": {"path": str(roots / "none.parquet")}},
+                 grpc.StatusCode.INVALID_ARGUMENT, "no such file or directory"),
+                (job_spec(roots, "x", prompt={"column": "nope"}), grpc.StatusCode.INVALID_ARGUMENT,
+                 "has no column 'nope' (prompt.column); available columns: qid, question"),
+                (job_spec(roots, "x", engine={"name": "vllm"}), grpc.StatusCode.INVALID_ARGUMENT,
+                 "unknown engine 'vllm'"),
             ]  # fmt: skip
             for spec, code, message in cases:
                 with pytest.raises(grpc.RpcError) as err:
@@ -120,15 +126,19 @@ def test_failed_job_has_a_reason_and_cancel_keeps_complete_shards(ray_runtime, t
     server, address = serve(tmp_path, roots)
     try:
         with RolloutClient(address) as client:
-            bad = client.submit(job_spec(roots, "bad", prompt={"column": "nope"}))
+            pq.write_table(
+                pa.Table.from_pylist([{"qid": "a", "question": None}]), roots / "null.parquet"
+            )
+            bad = client.submit(
+                {**job_spec(roots, "bad"), "input": {"path": str(roots / "null.parquet")}}
+            )
             long = client.submit(job_spec(roots, "long", n=4, sampling={"max_tokens": 24, "ignore_eos": True},
                                           shard_size=1))  # fmt: skip
             queued = client.submit(job_spec(roots, "later"))
             assert state_name(client.cancel(queued.job_id)) == "CANCELLED"  # jobs run one at a time
             end = wait_final(client, bad.job_id)[-1]
-            assert (
-                state_name(end) == "FAILED" and "has no column 'nope' (prompt.column)" in end.error
-            )
+            assert state_name(end) == "FAILED"
+            assert "input row 0 (example 'a'): column 'question' is null" in end.error
             for update in client.watch(long.job_id):
                 if update.progress.shards_done >= 1:
                     client.cancel(long.job_id)
@@ -209,5 +219,23 @@ def test_reflection_lists_the_service(ray_runtime, tmp_path, roots):
         with grpc.insecure_channel(address) as channel:
             services = ProtoReflectionDescriptorDatabase(channel).get_services()
         assert "rollout.v1.RolloutService" in services and "grpc.health.v1.Health" in services
+    finally:
+        server.stop()
+
+
+def test_list_pages_through_jobs_in_submission_order(ray_runtime, tmp_path, roots):
+    server, address = serve(tmp_path, roots)
+    try:
+        with RolloutClient(address) as client:
+            first = client.submit(
+                job_spec(roots, "p0", sampling={"max_tokens": 24, "ignore_eos": True}, shard_size=1)
+            )
+            later = [client.submit(job_spec(roots, f"p{i}")).job_id for i in range(1, 4)]
+            for job_id in later:  # still queued behind the first: one job runs at a time
+                assert state_name(client.cancel(job_id)) == "CANCELLED"
+            assert [j.job_id for j in client.list(["CANCELLED"], page_size=1)] == later
+            assert [j.job_id for j in client.list(page_size=2)] == [first.job_id, *later]
+            client.cancel(first.job_id)
+            assert state_name(wait_final(client, first.job_id)[-1]) == "CANCELLED"
     finally:
         server.stop()
