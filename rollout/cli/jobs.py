@@ -107,11 +107,14 @@ def _follow(client: Any, job_id: str, quiet: bool) -> int:
     return 0 if last is not None and state_name(last) == "SUCCEEDED" else 1
 
 
+def _show(job: Any, as_json: bool) -> int:
+    print(json.dumps(_as_dict(job)) if as_json else _line(job))
+    return 0
+
+
 def status(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        job = client.get(args.job_id)
-        print(json.dumps(_as_dict(job)) if args.json else _line(job))
-    return 0
+        return _show(client.get(args.job_id), args.json)
 
 
 def watch(args: argparse.Namespace) -> int:
@@ -121,9 +124,7 @@ def watch(args: argparse.Namespace) -> int:
 
 def cancel(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        job = client.cancel(args.job_id)
-        print(json.dumps(_as_dict(job)) if args.json else _line(job))
-    return 0
+        return _show(client.cancel(args.job_id), args.json)
 
 
 def manifest(args: argparse.Namespace) -> int:
@@ -135,5 +136,5 @@ def manifest(args: argparse.Namespace) -> int:
 def list_jobs(args: argparse.Namespace) -> int:
     with _client(args) as client:
         for job in client.list([s.upper() for s in args.state]):
-            print(json.dumps(_as_dict(job)) if args.json else _line(job))
+            _show(job, args.json)
     return 0
