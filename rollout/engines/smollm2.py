@@ -74,8 +74,9 @@ class _Seq:
     index: int
     request: GenerationRequest
     prompt: list[int]
-    cache: KVCache
+    capacity: int  # prompt + the most new tokens: what its KV cache will hold
     stop: StopState
+    cache: KVCache | None = None  # allocated when admitted, released when finished
     logprobs: list[float] | None = None
     top: list[list[tuple[int, float]]] | None = None
 
@@ -223,7 +224,7 @@ class SmolLM2Engine(Engine):
         room = limit - len(prompt)
         max_new = min(params.max_tokens, room)
         stop = StopState(params, self._eos, max_new, self.decode)
-        seq = _Seq(index, request, prompt, KVCache(model.cfg, len(prompt) + max_new), stop)
+        seq = _Seq(index, request, prompt, len(prompt) + max_new, stop)
         if params.logprobs:
             seq.logprobs = []
         if params.top_logprobs:
@@ -248,6 +249,8 @@ class SmolLM2Engine(Engine):
                         break
                     batch.append(waiting.popleft())
                     tokens += n
+                for seq in batch:
+                    seq.cache = KVCache(model.cfg, seq.capacity)
                 logits = model.prefill([s.prompt for s in batch], [s.cache for s in batch])
                 stepped = batch
                 running.extend(batch)
@@ -267,6 +270,7 @@ class SmolLM2Engine(Engine):
                     seq.top.append(picked.top or [])
                 if seq.stop.append(picked.token_id):
                     results[seq.index] = seq.result()
+                    seq.cache = None
                     finished.add(seq.index)
             if finished:
                 running = [s for s in running if s.index not in finished]
