@@ -13,6 +13,7 @@ not change the distribution, so the cumulative sum runs in token-id order (no so
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -55,41 +56,51 @@ def _top_candidates(x: np.ndarray, count: int) -> np.ndarray:
     return _ranked(x, np.flatnonzero(x >= threshold))
 
 
-def _log_softmax_at(x: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    m = x.max()
-    log_total = np.log(np.exp(x - m).sum(dtype=np.float64))
-    return ((x[ids].astype(np.float64) - m) - log_total).astype(np.float32)
+class _Scaled:
+    """One row's scaled logits with exp(x - max) and its float64 sum, each computed once:
+    the draw and the logprobs of a token share them."""
+
+    def __init__(self, x: np.ndarray) -> None:
+        self.x = x
+        self.m = x.max()
+        self.probs = np.exp(x - self.m)  # float32, unnormalised
+
+    @cached_property
+    def total(self) -> float:
+        return self.probs.sum(dtype=np.float64)
+
+    def logprobs(self, ids: np.ndarray) -> np.ndarray:
+        return ((self.x[ids].astype(np.float64) - self.m) - np.log(self.total)).astype(np.float32)
 
 
 def sample_row(logits: np.ndarray, params: SamplingParams, seed: int, position: int) -> Sampled:
     """Pick the next token of one sequence from its float32 logits."""
-    if params.greedy:
-        x = logits
+    x = logits if params.greedy else logits / np.float32(params.temperature)
+    scaled = _Scaled(x) if not params.greedy or params.logprobs or params.top_logprobs else None
+    if scaled is None or params.greedy:
         token = int(np.argmax(x))  # the first (lowest id) of equal maxima
     else:
-        x = logits / np.float32(params.temperature)
-        token = _draw(x, params, uniform(seed, position))
-    logprob = float(_log_softmax_at(x, np.array([token]))[0]) if params.logprobs else None
+        token = _draw(scaled, params, uniform(seed, position))
+    logprob = float(scaled.logprobs(np.array([token]))[0]) if params.logprobs else None
     top = None
     if params.top_logprobs:
         ids = _top_candidates(x, params.top_logprobs)[: params.top_logprobs]
-        top = [(int(i), float(lp)) for i, lp in zip(ids, _log_softmax_at(x, ids), strict=True)]
+        top = [(int(i), float(lp)) for i, lp in zip(ids, scaled.logprobs(ids), strict=True)]
     return Sampled(token, logprob, top)
 
 
-def _draw(x: np.ndarray, params: SamplingParams, u: float) -> int:
+def _draw(scaled: _Scaled, params: SamplingParams, u: float) -> int:
+    x, probs = scaled.x, scaled.probs
     vocab = x.shape[0]
-    probs = np.exp(x - x.max())  # float32, unnormalised
     k = vocab if params.top_k == -1 else min(params.top_k, vocab)
     if k == vocab and params.top_p >= 1.0:
         cdf = np.cumsum(probs, dtype=np.float64)
         return int(min(np.searchsorted(cdf, u * cdf[-1], side="right"), vocab - 1))
-    total = probs.sum(dtype=np.float64)
     probe = k if params.top_p >= 1.0 else min(k, _PROBE)
     ids = _top_candidates(x, probe)[:k]
     cdf = np.cumsum(probs[ids], dtype=np.float64)
     if params.top_p < 1.0:
-        need = params.top_p * total
+        need = params.top_p * scaled.total
         if cdf[-1] < need and ids.shape[0] < k:
             # The probe did not reach top_p mass: rank the whole vocabulary instead.
             ids = _top_candidates(x, vocab)[:k]
