@@ -11,6 +11,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import PurePosixPath
@@ -50,13 +51,7 @@ def _filesystem(path: str) -> tuple[pafs.FileSystem, str]:
             return pafs.FileSystem.from_uri(path)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as exc:
             raise InputError(f"input.path {path!r}", f"cannot open this URI: {exc}") from None
-    return pafs.LocalFileSystem(), str(PurePosixPath(path)) if path.startswith("/") else _abs(path)
-
-
-def _abs(path: str) -> str:
-    from pathlib import Path
-
-    return str(Path(path).resolve())
+    return pafs.LocalFileSystem(), os.path.abspath(path)
 
 
 def _kind(fs: pafs.FileSystem, path: str) -> pafs.FileType:

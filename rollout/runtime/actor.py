@@ -6,14 +6,24 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rollout.cpu.numerics import request_strict_gemm
+from rollout.cpu.numerics import STRICT_SETTING, request_strict_gemm
+
+
+def actor_env() -> dict[str, str]:
+    """The environment an engine actor's process starts with (the one place it is set):
+    MKL's strict mode before any matrix multiply, and nothing fetched from a hub."""
+    return {
+        "MKL_CBWR": os.environ.get("MKL_CBWR", STRICT_SETTING),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
 
 
 class EngineWorker:
     """Holds one started engine and the job's input; runs shards. Wrapped by `ray.remote`."""
 
     def __init__(self, spec_json: str, shard_dir: str, row_counts: list[int]) -> None:
-        request_strict_gemm()  # before this process's first matrix multiply
+        request_strict_gemm()  # in case the process was started without actor_env()
         from rollout.data.sources import Source
         from rollout.engines import create_engine
         from rollout.errors import InputError

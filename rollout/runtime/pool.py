@@ -19,7 +19,7 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from rollout.errors import EngineError, JobCancelled
-from rollout.runtime.actor import EngineWorker
+from rollout.runtime.actor import EngineWorker, actor_env
 from rollout.runtime.shard import ShardResult, ShardTask
 
 
@@ -32,10 +32,12 @@ class ShardPool:
         num_gpus: float,
         in_flight_per_actor: int,
         max_retries: int,
-        env: dict[str, str],
     ) -> None:
         self._cls = ray.remote(EngineWorker).options(
-            num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0, runtime_env={"env_vars": env}
+            num_cpus=num_cpus,
+            num_gpus=num_gpus,
+            max_restarts=0,
+            runtime_env={"env_vars": actor_env()},
         )
         self._args = actor_args
         self._in_flight = in_flight_per_actor

@@ -25,7 +25,6 @@ from typing import Protocol
 import pyarrow.parquet as pq
 
 from rollout import determinism
-from rollout.cpu.numerics import STRICT_SETTING
 from rollout.data.prompts import check_columns
 from rollout.data.sink import fsync_dir, verify_shard_file
 from rollout.data.sources import Source
@@ -107,17 +106,13 @@ def config_diff(a: dict, b: dict, prefix: str = "") -> list[str]:
 
 
 def connect_ray(address: str | None) -> None:
+    """Join the Ray cluster at `address`, or start a local runtime (once per process)."""
     import ray
 
     if ray.is_initialized():
         return
-    env = {
-        "MKL_CBWR": os.environ.get("MKL_CBWR", STRICT_SETTING),
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-    }
     if address:
-        ray.init(address=address, runtime_env={"env_vars": env}, logging_level="ERROR")
+        ray.init(address=address, logging_level="ERROR")
     else:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         ray.init(
@@ -125,7 +120,6 @@ def connect_ray(address: str | None) -> None:
             object_store_memory=256 * 1024 * 1024,
             include_dashboard=False,
             logging_level="ERROR",
-            runtime_env={"env_vars": env},
         )
 
 
@@ -177,7 +171,6 @@ class JobRunner:
             num_gpus=spec.pool.gpus_per_actor,
             in_flight_per_actor=spec.pool.shards_in_flight_per_actor,
             max_retries=spec.pool.max_shard_retries,
-            env={"MKL_CBWR": os.environ.get("MKL_CBWR", STRICT_SETTING)},
         )
         try:
             fingerprints = pool.fingerprints()
