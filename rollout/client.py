@@ -94,6 +94,26 @@ class RolloutClient:
         resp = self._stub.GetRunManifest(pb.GetRunManifestRequest(job_id=job_id), **self._kw())
         return json_format.MessageToDict(resp.manifest)
 
+    def audit(self, a: str, b: str, max_examples: int = 50, progress: Any = None) -> Any:
+        """Compare two finished runs (job ids or run directories on the server); returns an
+        rollout.audit.report.AuditReport. `progress(phase, done, total)` sees each update."""
+        req = pb.AuditRunsRequest(a=a, b=b, max_examples=max_examples)
+        return _report(self._stub.AuditRuns(req, metadata=self._metadata), progress)
+
+    def verify(
+        self,
+        run: str,
+        sample: float | None = None,
+        rows: int | None = None,
+        seed: int = 0,
+        max_examples: int = 50,
+        progress: Any = None,
+    ) -> Any:
+        """Regenerate a sample of a finished run on the server and compare; an AuditReport."""
+        req = pb.VerifyRunRequest(run=run, sample=sample or 0.0, rows=rows or 0, seed=seed,
+                                  max_examples=max_examples)  # fmt: skip
+        return _report(self._stub.VerifyRun(req, metadata=self._metadata), progress)
+
     def health(self) -> str:
         from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -104,3 +124,19 @@ class RolloutClient:
 
 def state_name(job: Any) -> str:
     return pb.JobState.Name(job.state)
+
+
+def _report(events: Iterator[Any], progress: Any) -> Any:
+    from rollout.audit.report import AuditReport
+
+    for event in events:
+        if event.HasField("progress") and progress is not None:
+            progress(event.progress.phase, event.progress.done, event.progress.total)
+        if event.HasField("report"):
+            data = json_format.MessageToDict(
+                event.report,
+                preserving_proto_field_name=True,
+                always_print_fields_with_no_presence=True,
+            )
+            return AuditReport.from_dict(data)
+    raise RuntimeError("the audit stream ended without a report")

@@ -41,6 +41,11 @@ class EngineError(RolloutError):
     """The engine cannot start or failed: fatal, never swallowed."""
 
 
+class EngineLost(EngineError):
+    """The engine can no longer serve (a rank of a multi-process replica died): the actor
+    holding it must be replaced, and its work retried elsewhere."""
+
+
 class JobCancelled(RolloutError):
     """A job was cancelled while it ran; its complete shards are kept."""
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -11,6 +11,28 @@ MAX_TOKENS_LIMIT = 1 << 20
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
 MAX_TOP_LOGPROBS = 20
+
+
+MAX_SCHEMA_CHARS = 64 * 1024
+
+
+class StructuredOutput(BaseModel):
+    """DeepInfer's `so_args`: what the output must match."""
+
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, validate_by_name=True, validate_by_alias=True,
+        serialize_by_alias=True,
+    )  # fmt: skip
+
+    schema_type: Literal["regex", "json", "ebnf"] = Field(description="How `schema` is read.")
+    schema_: str = Field(
+        alias="schema",
+        max_length=MAX_SCHEMA_CHARS,
+        description="The regex, JSON schema (as JSON text) or EBNF grammar.",
+    )
+
+    def as_so_args(self) -> dict[str, str]:
+        return {"schema_type": self.schema_type, "schema": self.schema_}
 
 
 class SamplingParams(BaseModel):
@@ -57,6 +79,12 @@ class SamplingParams(BaseModel):
         description="Keep only the last N prompt tokens; without it, a prompt too long for the context is an error.",
     )
 
+    so_args: StructuredOutput | None = Field(
+        None,
+        description="Structured output: constrain the output to a regex, JSON schema or EBNF "
+        "grammar (DeepInfer's so_args; engines without it refuse the job).",
+    )
+
     @field_validator("temperature")
     @classmethod
     def _temperature(cls, v: float) -> float:
@@ -98,6 +126,14 @@ class SamplingParams(BaseModel):
         if v is not None and v < 1:
             raise ValueError(f"truncate_prompt_tokens must be >= 1 or null, got {v}")
         return v
+
+    def config_view(self) -> dict:
+        """What `config_hash` covers. `so_args` appears only when set, so that runs without
+        structured output keep the config_hash they had before the field existed."""
+        data = self.model_dump(by_alias=True)
+        if data["so_args"] is None:
+            del data["so_args"]
+        return data
 
     @property
     def greedy(self) -> bool:

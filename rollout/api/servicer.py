@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import queue
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,6 +33,19 @@ def status_of(exc: BaseException) -> grpc.StatusCode:
     if isinstance(exc, RolloutError):
         return grpc.StatusCode.FAILED_PRECONDITION
     return grpc.StatusCode.INTERNAL
+
+
+def _without_none(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_none(v) for v in value]
+    return value
+
+
+def report_to_proto(report: Any) -> Any:
+    """An AuditReport (rollout.audit.report) as its gRPC message: the same field names."""
+    return json_format.ParseDict(_without_none(report.to_dict()), pb.AuditReport())
 
 
 def to_proto(r: JobRecord) -> Any:
@@ -121,3 +136,54 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
         return pb.RunManifest(
             manifest=json_format.ParseDict(json.loads(path.read_text()), struct_pb2.Struct())
         )
+
+    # -- audits ---------------------------------------------------------------------------------
+    def AuditRuns(self, request, context) -> Iterator[Any]:
+        from rollout.audit.audit import audit_runs
+
+        a = self._call(context, self.manager.run_dir, request.a, "a")
+        b = self._call(context, self.manager.run_dir, request.b, "b")
+        yield from self._stream(
+            context, lambda progress, cancel: audit_runs(
+                a, b, request.max_examples or 50, progress, cancel))  # fmt: skip
+
+    def VerifyRun(self, request, context) -> Iterator[Any]:
+        from rollout.audit.verify import Sample, verify_run
+
+        run = self._call(context, self.manager.run_dir, request.run, "run")
+        sample = Sample(
+            fraction=request.sample or None, rows=request.rows or None, seed=request.seed
+        )
+        self._call(context, sample.count, run.manifest.rows or 0)  # a bad sample fails here
+        yield from self._stream(
+            context, lambda progress, cancel: verify_run(
+                run, sample, ray_address=self.manager.ray_address,
+                max_examples=request.max_examples or 50, progress=progress, cancel=cancel))  # fmt: skip
+
+    def _stream(self, context: grpc.ServicerContext, work) -> Iterator[Any]:
+        """Run `work(progress, cancel)` in a thread; stream its progress, then its report."""
+        events: queue.Queue = queue.Queue()
+        cancel = threading.Event()
+        context.add_callback(cancel.set)  # the client went away or cancelled
+
+        def progress(phase: str, done: int, total: int) -> None:
+            events.put(
+                pb.AuditEvent(progress=pb.AuditProgress(phase=phase, done=done, total=total))
+            )
+
+        def target() -> None:
+            try:
+                events.put(work(progress, cancel))
+            except BaseException as exc:  # handed to the RPC thread, which reports it
+                events.put(exc)
+
+        threading.Thread(target=target, name="rollout-audit", daemon=True).start()
+        while True:
+            item = events.get()
+            if isinstance(item, BaseException):
+                context.abort(status_of(item), str(item))
+            if isinstance(item, pb.AuditEvent):
+                yield item
+                continue
+            yield pb.AuditEvent(report=report_to_proto(item))
+            return

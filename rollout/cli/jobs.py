@@ -11,15 +11,19 @@ from typing import Any
 import yaml
 
 
-def add_parser(sub: Any) -> None:
-    def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument(
-            "--server", help="service address (env ROLLOUT_SERVER; default 127.0.0.1:50051)"
-        )
-        p.add_argument("--token-file", help="bearer token file (env ROLLOUT_TOKEN_FILE)")
-        p.add_argument("--tls-ca", help="PEM root certificate for a TLS server")
-        p.add_argument("--json", action="store_true", help="print JSON")
+def add_client_options(p: argparse.ArgumentParser, server_help: str | None = None) -> None:
+    """--server, --token-file, --tls-ca and --json: how a command reaches the service."""
+    p.add_argument(
+        "--server",
+        help=server_help or "service address (env ROLLOUT_SERVER; default 127.0.0.1:50051)",
+    )
+    p.add_argument("--token-file", help="bearer token file (env ROLLOUT_TOKEN_FILE)")
+    p.add_argument("--tls-ca", help="PEM root certificate for a TLS server")
+    p.add_argument("--json", action="store_true", help="print JSON")
 
+
+def add_parser(sub: Any) -> None:
+    common = add_client_options
     p = sub.add_parser("submit", help="submit a job to the service")
     p.add_argument("config")
     p.add_argument("--output", help="output directory (config: output)")
@@ -47,7 +51,7 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(run=list_jobs)
 
 
-def _client(args: argparse.Namespace):
+def client_from_args(args: argparse.Namespace):
     from rollout.client import RolloutClient
 
     token = Path(args.token_file).read_text().strip() if args.token_file else None
@@ -88,7 +92,7 @@ def submit(args: argparse.Namespace) -> int:
         value = holder.get(field)
         if isinstance(value, str) and "://" not in value and not Path(value).is_absolute():
             holder[field] = str(Path.cwd() / value)
-    with _client(args) as client:
+    with client_from_args(args) as client:
         job = client.submit(spec, args.request_id)
         print(job.job_id if not args.json else json.dumps(_as_dict(job)))
         if args.wait:
@@ -113,28 +117,28 @@ def _show(job: Any, as_json: bool) -> int:
 
 
 def status(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with client_from_args(args) as client:
         return _show(client.get(args.job_id), args.json)
 
 
 def watch(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with client_from_args(args) as client:
         return _follow(client, args.job_id, quiet=False)
 
 
 def cancel(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with client_from_args(args) as client:
         return _show(client.cancel(args.job_id), args.json)
 
 
 def manifest(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with client_from_args(args) as client:
         print(json.dumps(client.manifest(args.job_id), indent=1))
     return 0
 
 
 def list_jobs(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with client_from_args(args) as client:
         for job in client.list([s.upper() for s in args.state]):
             _show(job, args.json)
     return 0

@@ -102,11 +102,21 @@ def _convert(gguf: Path, target: Path) -> None:
     save_file(state, str(target / _WEIGHTS))
 
 
+def _cache_dir(gguf_sha256: str, root: Path | None = None) -> Path:
+    return (root or cache_root()) / "smollm2" / f"v{CACHE_LAYOUT_VERSION}-{gguf_sha256}"
+
+
+def cached_path(gguf_sha256: str) -> Path | None:
+    """The converted model folder for a GGUF checksum, if this machine has it."""
+    path = _cache_dir(gguf_sha256)
+    return path if (path / _COMPLETE).is_file() else None
+
+
 def ensure_cached(gguf: Path | None = None, root: Path | None = None) -> CachedModel:
     """The cached, converted model for the GGUF file, converting it on first use."""
     gguf = gguf or find_gguf()
     digest = sha256_file(gguf)
-    final = (root or cache_root()) / "smollm2" / f"v{CACHE_LAYOUT_VERSION}-{digest}"
+    final = _cache_dir(digest, root)
     if (final / _COMPLETE).is_file():
         return CachedModel(final, digest, converted_now=False)
     final.parent.mkdir(parents=True, exist_ok=True)

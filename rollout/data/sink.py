@@ -13,6 +13,10 @@ import pyarrow.parquet as pq
 
 from rollout import determinism
 
+# Rows per Parquet row group: a reader (resume checks, audits, verify) holds one group of
+# one column at a time, so memory is bounded by this, not by the shard size.
+ROW_GROUP_ROWS = 4096
+
 
 def output_schema(logprobs: bool, top_logprobs: bool, carried: Sequence[pa.Field]) -> pa.Schema:
     """The columns every output row carries (DETERMINISM.md types), then the carried inputs."""
@@ -75,7 +79,7 @@ class RowBuffer:
 def write_atomic(table: pa.Table, path: Path) -> None:
     """Write a Parquet file under a hidden temporary name, fsync it, then rename it into place."""
     tmp = path.with_name(f".{path.name}.tmp")
-    pq.write_table(table, tmp, compression="zstd")
+    pq.write_table(table, tmp, compression="zstd", row_group_size=ROW_GROUP_ROWS)
     with open(tmp, "rb") as f:
         os.fsync(f.fileno())
     os.replace(tmp, path)

@@ -13,6 +13,10 @@ ENGINES: dict[str, str] = {
     "smollm2": "rollout.engines.smollm2:SmolLM2Engine",
 }
 
+# Engines that honour SamplingParams.so_args (structured output); the others refuse a job
+# that asks for it when the spec is validated.
+STRUCTURED_OUTPUT: frozenset[str] = frozenset({"deepinfer"})
+
 
 def engine_class(name: str) -> type[Engine]:
     """The engine class registered under `name`; an unknown name lists the valid ones."""

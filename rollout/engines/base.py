@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,6 +77,12 @@ class Engine(ABC):
     @abstractmethod
     def max_model_len(self) -> int:
         """The most tokens (prompt + output) one sequence may hold."""
+
+    @classmethod
+    def token_decoder(cls, fingerprint: dict[str, Any]) -> Callable[[int], str] | None:
+        """Token id -> its text (special tokens shown), for the engine that made a run with
+        this fingerprint, without loading weights; None where no tokenizer is at hand."""
+        return None
 
     def close(self) -> None:  # noqa: B027 - engines without resources need not override
         """Release the engine's resources."""

@@ -14,7 +14,7 @@ import platform
 import sys
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +30,7 @@ from rollout.cpu.invariance import check_row_invariance  # noqa: E402
 from rollout.cpu.llama import KVCache, LlamaConfig, LlamaCPU  # noqa: E402
 from rollout.cpu.numerics import gemm_mode  # noqa: E402
 from rollout.cpu.sampler import SAMPLER_VERSION, sample_row  # noqa: E402
-from rollout.cpu.weights import GGUF_FILENAME, ensure_cached, find_gguf  # noqa: E402
+from rollout.cpu.weights import GGUF_FILENAME, cached_path, ensure_cached, find_gguf  # noqa: E402
 from rollout.engines.base import Engine, GenerationRequest, GenerationResult  # noqa: E402
 from rollout.engines.stopping import StopState  # noqa: E402
 from rollout.errors import (  # noqa: E402
@@ -159,6 +159,17 @@ class SmolLM2Engine(Engine):
         self.converted_weights = cached.converted_now
         self.start_seconds = time.monotonic() - started
         _log(f"smollm2 engine ready in {self.start_seconds:.1f} s (pid {os.getpid()})")
+
+    @classmethod
+    def token_decoder(cls, fingerprint: dict[str, Any]) -> Callable[[int], str] | None:
+        sha = fingerprint.get("weights_sha256")
+        path = cached_path(sha) if isinstance(sha, str) else None
+        if path is None:
+            return None
+        from transformers import PreTrainedTokenizerFast
+
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path))
+        return lambda token: tokenizer.decode([token], skip_special_tokens=False)
 
     def close(self) -> None:
         self._model = None

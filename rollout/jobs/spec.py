@@ -98,6 +98,18 @@ class PoolSpec(_Strict):
     shards_in_flight_per_actor: int = Field(
         2, ge=1, le=64, description="Shards queued on each actor at once."
     )
+    max_actor_restarts: int | None = Field(
+        None,
+        ge=0,
+        description="Dead actors replaced in one run before the job fails (so that a broken "
+        "node or engine cannot make the pool thrash through cold starts); default: 2 per "
+        "actor, at least 3.",
+    )
+
+    def restart_budget(self) -> int:
+        if self.max_actor_restarts is not None:
+            return self.max_actor_restarts
+        return max(3, 2 * self.actors)
 
 
 class JobSpec(_Strict):
@@ -132,6 +144,17 @@ class JobSpec(_Strict):
             raise ValueError(f"job_seed must be an unsigned 64-bit integer, got {v}")
         return v
 
+    @model_validator(mode="after")
+    def _structured_output(self) -> JobSpec:
+        from rollout.engines import STRUCTURED_OUTPUT
+
+        if self.sampling.so_args is not None and self.engine.name not in STRUCTURED_OUTPUT:
+            raise ValueError(
+                f"sampling.so_args (structured output) needs an engine that supports it "
+                f"({', '.join(sorted(STRUCTURED_OUTPUT))}); engine {self.engine.name!r} does not"
+            )
+        return self
+
     def config_view(
         self, input_fingerprint: dict[str, Any], engine_fingerprint: dict[str, Any]
     ) -> dict[str, Any]:
@@ -142,7 +165,7 @@ class JobSpec(_Strict):
             # format that reads the same bytes give the same hash.
             "input": {"split": self.input.split, "fingerprint": input_fingerprint},
             "prompt": self.prompt.model_dump(),
-            "sampling": self.sampling.model_dump(),
+            "sampling": self.sampling.config_view(),
             "n": self.n,
             "job_seed": self.job_seed,
             "id_column": self.id_column,

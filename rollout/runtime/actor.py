@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,28 @@ def actor_env() -> dict[str, str]:
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
     }
+
+
+def resource_group_name() -> str:
+    """The name an engine gives the Ray placement group it reserves: tied to the actor that
+    holds the engine, so that the pool can release it if that actor dies without closing
+    (Ray keeps an actor's placement groups until the job's driver exits)."""
+    import uuid
+
+    import ray
+
+    actor_id = ray.get_runtime_context().get_actor_id()
+    return f"rollout-{actor_id}" if actor_id else f"rollout-driver-{uuid.uuid4().hex}"
+
+
+def release_resource_group(actor_id: str) -> None:
+    """Remove the placement group of the engine actor `actor_id`, if it left one."""
+    import ray
+    from ray.util.placement_group import remove_placement_group
+
+    # ValueError: none, as the engine reserved nothing or released it itself
+    with contextlib.suppress(ValueError):
+        remove_placement_group(ray.util.get_placement_group(f"rollout-{actor_id}"))
 
 
 class EngineWorker:
@@ -46,7 +70,15 @@ class EngineWorker:
     def pid(self) -> int:
         return os.getpid()
 
+    def close(self) -> None:
+        self.engine.close()
+
     def run(self, task: Any) -> Any:
+        from rollout.errors import EngineLost
         from rollout.runtime.shard import run_shard
 
-        return run_shard(self.spec, self.source, self.engine, task, self.shard_dir)
+        try:
+            return run_shard(self.spec, self.source, self.engine, task, self.shard_dir)
+        except EngineLost as exc:  # this actor can no longer serve: let the pool replace it
+            print(f"[rollout] {exc}; this engine actor exits", file=sys.stderr, flush=True)
+            os._exit(1)

@@ -17,6 +17,7 @@ from rollout.data.sink import fsync_dir
 
 MANIFEST = "manifest.json"
 STATS = "stats.json"
+JOB = "job.json"
 VERSION = "rollout-manifest-v1"
 
 
@@ -63,10 +64,14 @@ class Manifest:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
+    write_text_atomic(path, json.dumps(data, ensure_ascii=False, indent=1) + "\n")
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write under a hidden temporary name, fsync, rename: readers see all of it or none."""
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, ensure_ascii=False, indent=1)
-        f.write("\n")
+        f.write(text)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

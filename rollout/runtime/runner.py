@@ -3,6 +3,7 @@
 Layout of a run directory:
   manifest.json   config_hash, engine fingerprint, shards (row range, rows, digest), run_digest
   stats.json      timings and counters (they differ from run to run; never hashed)
+  job.json        the job spec as run (what `rollout verify` regenerates rows with)
   data/           the Parquet shards, present only once the run is complete
   errors.jsonl    input rows left out (prompt.on_empty: skip), with the reason
   .incomplete/    shards of a run in progress; renamed to data/ in one step at the end,
@@ -28,9 +29,10 @@ from rollout import determinism
 from rollout.data.prompts import check_columns
 from rollout.data.sink import fsync_dir, verify_shard_file
 from rollout.data.sources import Source
-from rollout.errors import ConfigError, EngineError, InputError
+from rollout.errors import ConfigError, InputError
+from rollout.jobs.config_diff import config_diff
 from rollout.jobs.spec import JobSpec
-from rollout.runtime.manifest import STATS, Manifest, ShardEntry, write_json_atomic
+from rollout.runtime.manifest import JOB, STATS, Manifest, ShardEntry, write_json_atomic
 from rollout.runtime.shard import ShardResult, ShardTask
 
 DATA = "data"
@@ -92,19 +94,6 @@ def check_unique_ids(source: Source, column: str) -> None:
             row += 1
 
 
-def config_diff(a: dict, b: dict, prefix: str = "") -> list[str]:
-    """Dotted paths where two config views differ."""
-    out = []
-    for key in sorted(set(a) | set(b)):
-        path = f"{prefix}{key}"
-        va, vb = a.get(key), b.get(key)
-        if isinstance(va, dict) and isinstance(vb, dict):
-            out += config_diff(va, vb, path + ".")
-        elif va != vb:
-            out.append(path)
-    return out
-
-
 def connect_ray(address: str | None) -> None:
     """Join the Ray cluster at `address`, or start a local runtime (once per process)."""
     import ray
@@ -164,24 +153,13 @@ class JobRunner:
         connect_ray(self.ray_address)
         from rollout.runtime.pool import ShardPool
 
-        pool = ShardPool(
-            size=spec.pool.actors,
-            actor_args=(spec.model_dump_json(), str(self.out / STAGING), counts),
-            num_cpus=spec.pool.cpus_per_actor,
-            num_gpus=spec.pool.gpus_per_actor,
-            in_flight_per_actor=spec.pool.shards_in_flight_per_actor,
-            max_retries=spec.pool.max_shard_retries,
-        )
+        pool = ShardPool.for_job(spec, str(self.out / STAGING), counts)
         try:
-            fingerprints = pool.fingerprints()
-            if any(fp != fingerprints[0] for fp in fingerprints):
-                raise EngineError(
-                    "the engine actors report different fingerprints; a run needs identical engines"
-                )
-            config = spec.config_view(input_fp, fingerprints[0])
+            config = spec.config_view(input_fp, pool.engine_fingerprint())
             manifest, resumed = self._prepare(
                 existing, config, determinism.config_hash(config), sum(counts)
             )
+            write_json_atomic(self.out / JOB, spec.model_dump(mode="json"))
             if self.progress:
                 self.progress.start(manifest)
             by_id = {s.shard_id: s for s in manifest.shards}
@@ -242,7 +220,7 @@ class JobRunner:
             manifest.save(self.out)
             return manifest, 0
         if existing.config_hash != chash:
-            differ = ", ".join(config_diff(existing.config, config)) or "unknown"
+            differ = ", ".join(d.path for d in config_diff(existing.config, config)) or "unknown"
             raise ConfigError(
                 "output",
                 str(self.out),

@@ -26,6 +26,9 @@ class ShardTask:
     shard_id: int
     start: int  # first input row (row_index)
     end: int  # one past the last input row
+    # Only these (row_index, sample_index) pairs, for re-checking a sample of a run
+    # (`rollout verify`); None: every row and sample of the range.
+    samples: tuple[tuple[int, int], ...] | None = None
 
     @property
     def file_name(self) -> str:
@@ -70,8 +73,12 @@ def run_shard(
     skipped: list[dict] = []
     requests: list[GenerationRequest] = []
     meta: list[tuple[int, str, int, str]] = []  # (row_index, example_id, sample_index, prompt text)
+    wanted = None if task.samples is None else set(task.samples)
+    wanted_rows = None if wanted is None else {r for r, _ in wanted}
     for offset, (row, prompt) in enumerate(zip(rows, rendered, strict=True)):
         row_index = task.start + offset
+        if wanted_rows is not None and row_index not in wanted_rows:
+            continue
         example_id = example_id_of(row, spec.id_column, row_index)
         if prompt.problem is not None:
             if spec.prompt.on_empty == "skip" and _skippable(prompt.problem):
@@ -88,6 +95,8 @@ def run_shard(
         assert text is not None
         ids = engine.encode(text)
         for sample in range(spec.n):
+            if wanted is not None and (row_index, sample) not in wanted:
+                continue
             seed = determinism.seq_seed(spec.job_seed, example_id, sample)
             requests.append(GenerationRequest(f"{row_index}:{sample}", ids, spec.sampling, seed))
             meta.append((row_index, example_id, sample, text))

@@ -17,7 +17,7 @@ from typing import Any
 from rollout.data.prompts import check_columns
 from rollout.data.sources import Source
 from rollout.engines import engine_class
-from rollout.errors import AccessError, JobCancelled, RolloutError
+from rollout.errors import AccessError, InputError, JobCancelled, RolloutError
 from rollout.jobs.spec import JobSpec, parse_job_spec
 from rollout.runtime.runner import JobRunner
 from rollout.service.store import JobRecord, JobStore
@@ -122,6 +122,17 @@ class JobManager:
                 event.set()
         self._notify()
         return self.get(job_id)
+
+    def run_dir(self, ref: str, parameter: str):
+        """A finished run named by a job id of this service or a directory under a data root."""
+        from rollout.audit.runs import RunDir
+
+        if not ref:
+            raise InputError(parameter, "is empty: name a job id or a run directory")
+        record = self.store.get(ref)
+        if record is not None:
+            return RunDir(record.output, label=ref)
+        return RunDir(resolve_under_roots(parameter, ref, self.roots), label=ref)
 
     def wait_for_change(self, timeout: float) -> None:
         with self.changed:

@@ -1,0 +1,183 @@
+"""A finished run directory read as a stream of rows in (row_index, sample_index) order.
+
+Rows come one Parquet record batch at a time, so a run of any size is read in bounded
+memory. Each batch carries its rows' hashes recomputed from their contents (the v1
+formulas in rollout.determinism): a row is judged by what it holds, not by the hashes
+stored beside it, and a row whose stored hashes disagree with its contents is flagged.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from rollout import determinism
+from rollout.errors import InputError
+from rollout.runtime.manifest import JOB, Manifest
+
+COLUMNS = ["row_index", "example_id", "sample_index", "seq_seed", "prompt_token_ids",
+           "output_token_ids", "finish_reason", "prompt_hash", "output_hash", "row_hash"]  # fmt: skip
+BATCH_ROWS = 4096
+
+
+class RunDir:
+    """A finished run: its manifest, the job spec it ran (job.json) and its shard files."""
+
+    def __init__(self, path: str | Path, label: str | None = None) -> None:
+        self.path = Path(path).expanduser().resolve()
+        self.label = label or str(path)
+        if not self.path.is_dir():
+            raise InputError(f"run {self.label!r}", f"{self.path} is not a directory")
+        manifest = Manifest.load(self.path)
+        if manifest is None:
+            raise InputError(f"run {self.label!r}", f"{self.path} holds no manifest.json")
+        if manifest.status != "complete" or not (self.path / "data").is_dir():
+            raise InputError(
+                f"run {self.label!r}",
+                f"is not finished ({manifest.done}/{len(manifest.shards)} shards complete); "
+                "run the same job again to finish it, then audit",
+            )
+        self.manifest = manifest
+
+    @property
+    def config_hash(self) -> str:
+        return self.manifest.config_hash
+
+    def job_spec(self) -> dict[str, Any]:
+        path = self.path / JOB
+        if not path.exists():
+            raise InputError(
+                f"run {self.label!r}", f"has no {JOB} (it was written by an older rollout)"
+            )
+        return json.loads(path.read_text(encoding="utf-8"))
+
+    def has_logprobs(self) -> bool:
+        return bool(self.manifest.config.get("sampling", {}).get("logprobs"))
+
+    def shard_files(self) -> Iterator[tuple[int, Path]]:
+        for entry in self.manifest.shards:  # shards are row ranges in order
+            path = self.path / "data" / entry.file
+            if not path.exists():
+                raise InputError(f"run {self.label!r}", f"shard file data/{entry.file} is missing")
+            yield entry.shard_id, path
+
+    def rows(
+        self, keep: Callable[[pa.RecordBatch], np.ndarray] | None = None
+    ) -> Iterator[tuple[tuple[int, int], Rows, int]]:
+        """(key, batch, i) for every row in order; `keep` (a boolean mask per batch) filters."""
+        files = (path for _, path in self.shard_files())
+        return iter_rows(files, self.has_logprobs(), f"run {self.label!r}", keep)
+
+
+def iter_rows(
+    files: Iterable[Path],
+    logprobs: bool,
+    where: str,
+    keep: Callable[[pa.RecordBatch], np.ndarray] | None = None,
+) -> Iterator[tuple[tuple[int, int], Rows, int]]:
+    """(key, batch, i) for every row of `files` (shard files, in row order)."""
+    columns = COLUMNS + (["output_logprobs"] if logprobs else [])
+    for path in files:
+        try:
+            batches = list_batches(path, columns)
+            for batch in batches:
+                if keep is not None:
+                    batch = batch.filter(pa.array(keep(batch)))
+                if not batch.num_rows:
+                    continue
+                rows = Rows(batch)
+                for i, key in enumerate(zip(rows.row_index, rows.sample_index, strict=True)):
+                    yield key, rows, i
+        except (OSError, pa.ArrowException) as exc:
+            raise InputError(where, f"{path.name} cannot be read: {exc}") from None
+
+
+def list_batches(path: Path, columns: list[str]) -> Iterator[pa.RecordBatch]:
+    return pq.ParquetFile(path).iter_batches(
+        batch_size=BATCH_ROWS, columns=columns, use_threads=False
+    )
+
+
+def list_slices(array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets, values) of a list array: row i is values[offsets[i]:offsets[i + 1]]."""
+    return _view(array.offsets, np.int32), _view(array.values, _NUMPY[array.type.value_type])
+
+
+_NUMPY = {pa.int32(): np.int32, pa.float32(): np.float32}
+
+
+def _view(array: pa.Array, dtype: type) -> np.ndarray:
+    """A zero-copy NumPy view of a primitive array (Array.to_numpy would import pandas,
+    about 45 MiB, on first use)."""
+    data = array.buffers()[1]
+    if data is None:
+        return np.zeros(0, dtype)
+    return np.frombuffer(data, dtype=dtype, count=array.offset + len(array))[array.offset :]
+
+
+class Rows:
+    """One record batch's rows as Python and NumPy values, with hashes from their contents."""
+
+    row_index: list[int]
+    sample_index: list[int]
+    example_id: list[str]
+    seq_seed: list[int]
+    finish_reason: list[str]
+    stored_row_hash: list[str]
+    prompt_hash: list[str]  # recomputed
+    row_hash: list[str]  # recomputed
+    consistent: list[bool]  # stored hashes == recomputed
+    _prompt: tuple[np.ndarray, np.ndarray]
+    _output: tuple[np.ndarray, np.ndarray]
+    _logprobs: tuple[np.ndarray, np.ndarray] | None
+
+    def __init__(self, batch: pa.RecordBatch) -> None:
+        col = batch.column
+        self.row_index = col("row_index").to_pylist()
+        self.sample_index = col("sample_index").to_pylist()
+        self.example_id = col("example_id").to_pylist()
+        self.seq_seed = col("seq_seed").to_pylist()
+        self.finish_reason = col("finish_reason").to_pylist()
+        self.stored_row_hash = col("row_hash").to_pylist()
+        stored_ph = col("prompt_hash").to_pylist()
+        stored_oh = col("output_hash").to_pylist()
+        self._prompt = list_slices(col("prompt_token_ids"))
+        self._output = list_slices(col("output_token_ids"))
+        names = batch.schema.names
+        self._logprobs = list_slices(col("output_logprobs")) if "output_logprobs" in names else None
+        self.prompt_hash, self.row_hash, self.consistent = [], [], []
+        for i in range(batch.num_rows):
+            ph = determinism.token_hash(self.prompt(i))
+            oh = determinism.token_hash(self.output(i))
+            finish = self.finish_reason[i]
+            try:
+                rh = determinism.row_hash(self.example_id[i], self.sample_index[i], self.seq_seed[i], ph, oh, finish)  # fmt: skip
+            except ValueError:  # a finish_reason outside the contract: never consistent
+                rh = f"invalid finish_reason {finish!r}"
+            self.prompt_hash.append(ph)
+            self.row_hash.append(rh)
+            self.consistent.append(
+                (ph, oh, rh) == (stored_ph[i], stored_oh[i], self.stored_row_hash[i])
+            )
+
+    def prompt(self, i: int) -> np.ndarray:
+        offsets, values = self._prompt
+        return values[offsets[i] : offsets[i + 1]]
+
+    def output(self, i: int) -> np.ndarray:
+        offsets, values = self._output
+        return values[offsets[i] : offsets[i + 1]]
+
+    def logprobs(self, i: int) -> np.ndarray | None:
+        if self._logprobs is None:
+            return None
+        offsets, values = self._logprobs
+        if offsets[i + 1] == offsets[i] and len(self.output(i)):
+            return None  # not recorded for this row
+        return values[offsets[i] : offsets[i + 1]]
