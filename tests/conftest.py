@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from rollout.cpu.numerics import request_strict_gemm
+
+FAKES = Path(__file__).parent / "fakes"
 
 # Before this process's first matrix multiply, as every rollout entry point does.
 request_strict_gemm()
@@ -47,6 +50,13 @@ def ray_runtime():
 
     from rollout.runtime.runner import connect_ray
 
+    # Processes started from here on (Ray's workers among them) find the fake deepinfer
+    # and nvidia-smi of tests/fakes; this process does not (its sys.path is fixed), so
+    # "deepinfer is not installed" stays testable here.
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(FAKES), os.environ.get("PYTHONPATH")])
+    )
+    os.environ["PATH"] = f"{FAKES / 'bin'}{os.pathsep}{os.environ['PATH']}"
     connect_ray(None)
     yield ray
     ray.shutdown()

@@ -11,6 +11,7 @@ from rollout.errors import ConfigError
 # name -> "module:Class". Importing this package imports none of them.
 ENGINES: dict[str, str] = {
     "smollm2": "rollout.engines.smollm2:SmolLM2Engine",
+    "deepinfer": "rollout.engines.deepinfer_replica:DeepInferReplica",
 }
 
 # Engines that honour SamplingParams.so_args (structured output); the others refuse a job
