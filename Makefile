@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export RAY_AUTH_MODE := disabled
 
-.PHONY: install demo test lint fmt bench-engine schema clean
+.PHONY: install demo test lint fmt bench-engine bench-scale schema clean
 
 install: $(STAMP)
 
@@ -43,6 +43,10 @@ fmt: install
 
 bench-engine: install
 	$(PY) scripts/bench_engine.py
+
+bench-scale: install
+	$(VENV)/bin/pip install -q "matplotlib==3.11.2"
+	$(PY) scripts/bench_scale.py --write docs/BENCHMARKS.md
 
 schema: install
 	$(PY) -c "import json; from rollout.jobs.spec import job_spec_json_schema as s; print(json.dumps(s(), indent=2))" > docs/job-spec.schema.json

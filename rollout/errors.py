@@ -37,6 +37,10 @@ class InputError(RolloutError):
         return (type(self), (self.where, self.reason))
 
 
+class OutputError(InputError):
+    """The run's output could not be written (disk full, read-only, gone): `where` names it."""
+
+
 class EngineError(RolloutError):
     """The engine cannot start or failed: fatal, never swallowed."""
 

@@ -123,19 +123,18 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
                 yield pb.JobEvent(job=current)
 
     def GetRunManifest(self, request, context):
+        from dataclasses import asdict
         from pathlib import Path
 
         record = self._call(context, self.manager.get, request.job_id)
-        manifest = Manifest.load(Path(record.output))
+        manifest = Manifest.load(Path(record.output))  # the snapshot with the journal applied
         if manifest is None:
             context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"job {record.job_id} has no manifest yet ({record.state})",
             )
-        path = Path(record.output) / "manifest.json"
-        return pb.RunManifest(
-            manifest=json_format.ParseDict(json.loads(path.read_text()), struct_pb2.Struct())
-        )
+        data = json.loads(json.dumps(asdict(manifest)))
+        return pb.RunManifest(manifest=json_format.ParseDict(data, struct_pb2.Struct()))
 
     # -- audits ---------------------------------------------------------------------------------
     def AuditRuns(self, request, context) -> Iterator[Any]:

@@ -177,8 +177,8 @@ def _regenerate(
         done = 0
         if progress:
             progress("regenerate", 0, rows)
-        for result in pool.run(tasks, cancel):
-            done += result.rows
+        for batch in pool.run(tasks, cancel):
+            done += sum(result.rows for result in batch)
             if progress:
                 progress("regenerate", done, rows)
         return fingerprint

@@ -64,12 +64,28 @@ def needed_columns(spec: JobSpec) -> list[str]:
 
 
 def check_columns(schema: pa.Schema, spec: JobSpec, where: str) -> None:
+    """Every column the job reads exists, and the prompt column holds the right kind of value."""
     available = schema.names
     for col in needed_columns(spec):
         if col not in available:
             role = _role_of(spec, col)
             raise InputError(
                 where, f"has no column {col!r} ({role}); available columns: {', '.join(available)}"
+            )
+    p = spec.prompt
+    if p.column is not None:
+        kind = schema.field(p.column).type
+        if not (
+            pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_null(kind)
+        ):
+            raise InputError(where, f"column {p.column!r} (prompt.column) holds {kind}, not text")
+    if p.messages_column is not None:
+        kind = schema.field(p.messages_column).type
+        if not (pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_null(kind)):
+            raise InputError(
+                where,
+                f"column {p.messages_column!r} (prompt.messages_column) holds {kind}, not a list "
+                "of {role, content} messages",
             )
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,12 +78,25 @@ class RowBuffer:
         return pa.table(self.columns, schema=self.schema)
 
 
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def write_atomic(table: pa.Table, path: Path) -> None:
-    """Write a Parquet file under a hidden temporary name, fsync it, then rename it into place."""
-    tmp = path.with_name(f".{path.name}.tmp")
+    """Write a Parquet file under a hidden temporary name, fsync it, then rename it into place.
+    The temporary name is unique per writer: two copies of a shard (a straggler's backup)
+    may write the same file at once, and each renames whole bytes into place."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
     pq.write_table(table, tmp, compression="zstd", row_group_size=ROW_GROUP_ROWS)
     with open(tmp, "rb") as f:
         os.fsync(f.fileno())
+    from rollout.runtime import faults
+
+    faults.point("during_write")
     os.replace(tmp, path)
     fsync_dir(path.parent)
 

@@ -156,6 +156,11 @@ class Source:
     def _batches(self, f: InputFile, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
         try:
             yield from self._batches_unchecked(f, columns)
+        except UnicodeDecodeError as exc:
+            raise InputError(
+                f"input file {f.path!r}",
+                f"is not UTF-8 text: byte 0x{exc.object[exc.start]:02x} cannot be decoded ({exc.reason})",
+            ) from None
         except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as exc:
             raise InputError(
                 f"input file {f.path!r}", f"cannot be read as {self.format}: {exc}"

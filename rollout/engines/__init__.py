@@ -12,6 +12,7 @@ from rollout.errors import ConfigError
 ENGINES: dict[str, str] = {
     "smollm2": "rollout.engines.smollm2:SmolLM2Engine",
     "deepinfer": "rollout.engines.deepinfer_replica:DeepInferReplica",
+    "synthetic": "rollout.engines.synthetic:SyntheticEngine",
 }
 
 # Engines that honour SamplingParams.so_args (structured output); the others refuse a job

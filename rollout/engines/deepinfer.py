@@ -30,9 +30,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rollout.engines.base import GenerationRequest, GenerationResult
+from rollout.engines.base import GenerationRequest, GenerationResult, prepare_prompt
 from rollout.engines.stopping import StopState
-from rollout.errors import ConfigError, EngineError, InputError
+from rollout.errors import ConfigError, EngineError
 
 ADAPTER_VERSION = "1"
 MODEL_DIR_ENV = "DEEPINFER_HF_MODEL_DIR"
@@ -282,21 +282,8 @@ def _map(index: int, steps: Sequence[Any]) -> RankOutput:
 # -- the service's side: requests in, results out --------------------------------------------
 def prepare(request: GenerationRequest, index: int, max_model_len: int) -> RankRequest:
     """Validate one request and turn it into a rank request (ids truncated, room capped)."""
-    where = f"request {request.request_id!r}: prompt_token_ids"
-    prompt = [int(t) for t in request.prompt_token_ids]
     params = request.params
-    if params.truncate_prompt_tokens is not None:
-        prompt = prompt[-params.truncate_prompt_tokens :]
-    if not prompt:
-        raise InputError(where, "the prompt is empty (0 tokens)")
-    if len(prompt) >= max_model_len:
-        raise InputError(
-            where,
-            f"the prompt has {len(prompt)} tokens, which leaves no room in the context of "
-            f"{max_model_len} tokens (max_model_len); shorten it or set truncate_prompt_tokens",
-        )
-    if not 0 <= request.seq_seed < 2**64:
-        raise ConfigError("seq_seed", request.seq_seed, "must be a uint64")
+    prompt = prepare_prompt(request, max_model_len)
     max_new = min(params.max_tokens, max_model_len - len(prompt))
     return RankRequest(index, prompt, params.model_dump(), request.seq_seed, max_new)
 

@@ -31,7 +31,12 @@ from rollout.cpu.llama import KVCache, LlamaConfig, LlamaCPU  # noqa: E402
 from rollout.cpu.numerics import gemm_mode  # noqa: E402
 from rollout.cpu.sampler import SAMPLER_VERSION, sample_row  # noqa: E402
 from rollout.cpu.weights import GGUF_FILENAME, cached_path, ensure_cached, find_gguf  # noqa: E402
-from rollout.engines.base import Engine, GenerationRequest, GenerationResult  # noqa: E402
+from rollout.engines.base import (  # noqa: E402
+    Engine,
+    GenerationRequest,
+    GenerationResult,
+    prepare_prompt,
+)
 from rollout.engines.stopping import StopState  # noqa: E402
 from rollout.errors import (  # noqa: E402
     ConfigError,
@@ -208,9 +213,8 @@ class SmolLM2Engine(Engine):
     def _prepare(self, index: int, request: GenerationRequest) -> _Seq:
         model = self._require_started()
         where = f"request {request.request_id!r}"
-        prompt = [int(t) for t in request.prompt_token_ids]
-        if not prompt:
-            raise InputError(f"{where}: prompt_token_ids", "the prompt is empty (0 tokens)")
+        params = request.params
+        prompt = prepare_prompt(request, self.options.max_model_len)
         vocab = model.cfg.vocab_size
         bad = next((t for t in prompt if not 0 <= t < vocab), None)
         if bad is not None:
@@ -218,20 +222,7 @@ class SmolLM2Engine(Engine):
                 f"{where}: prompt_token_ids",
                 f"token id {bad} is outside the vocabulary [0, {vocab})",
             )
-        params = request.params
-        if params.truncate_prompt_tokens is not None:
-            prompt = prompt[-params.truncate_prompt_tokens :]
         limit = self.options.max_model_len
-        if len(prompt) >= limit:
-            raise InputError(
-                f"{where}: prompt_token_ids",
-                f"the prompt has {len(prompt)} tokens, which leaves no room in the context of "
-                f"{limit} tokens (max_model_len); shorten it or set truncate_prompt_tokens",
-            )
-        if not 0 <= request.seq_seed < 2**64:
-            raise ConfigError(
-                "seq_seed", request.seq_seed, f"must be a uint64, got {request.seq_seed}"
-            )
         room = limit - len(prompt)
         max_new = min(params.max_tokens, room)
         stop = StopState(params, self._eos, max_new, self.decode)
@@ -249,7 +240,10 @@ class SmolLM2Engine(Engine):
         waiting = deque(seqs)
         running: list[_Seq] = []
         opts = self.options
+        from rollout.runtime import faults
+
         while waiting or running:
+            faults.point("mid_generation")  # the fault suite's hook; off unless armed
             if waiting and len(running) < opts.max_num_seqs:
                 # An all-prefill step: admit waiting prompts up to the token budget.
                 batch: list[_Seq] = []

@@ -106,6 +106,17 @@ class PoolSpec(_Strict):
         "actor, at least 3.",
     )
 
+    backup_after: float | None = Field(
+        3.0,
+        gt=1,
+        description="Straggler handling: a shard running longer than this many times the "
+        "median shard time gets a backup copy on an idle actor; the first copy to finish is "
+        "kept (both write identical bytes). null: never.",
+    )
+    backup_min_s: float = Field(
+        30.0, ge=0, description="No backup copy for a shard that has run less than this."
+    )
+
     def restart_budget(self) -> int:
         if self.max_actor_restarts is not None:
             return self.max_actor_restarts

@@ -14,11 +14,13 @@ from rollout.cpu.numerics import STRICT_SETTING, request_strict_gemm
 def actor_env() -> dict[str, str]:
     """The environment an engine actor's process starts with (the one place it is set):
     MKL's strict mode before any matrix multiply, and nothing fetched from a hub."""
+    from rollout.runtime import faults
+
     return {
         "MKL_CBWR": os.environ.get("MKL_CBWR", STRICT_SETTING),
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
-    }
+    } | faults.env()
 
 
 def resource_group_name() -> str:

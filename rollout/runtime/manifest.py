@@ -1,8 +1,12 @@
 """The run's manifest (`manifest.json`): config_hash, engine fingerprint, shards and run_digest.
 
-Rewritten atomically (temporary file, fsync, rename) each time shards complete, so a
-reader or a resumed run always finds a whole manifest. Timings and counters live in
-`stats.json`, apart from the digests: they differ from run to run.
+Completed shards are recorded in `shards.jsonl`, a journal appended (and fsynced) once
+per batch of shards that finish together: O(1) per shard, however many shards a run
+has. `manifest.json` is a snapshot, rewritten atomically (temporary file, fsync,
+rename) every few seconds and at the end, after which the journal is emptied.
+`Manifest.load` reads the snapshot and replays the journal, so a reader or a resumed
+run always sees every recorded shard and never a partial file. Timings and counters
+live in `stats.json`, apart from the digests: they differ from run to run.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Any
 from rollout.data.sink import fsync_dir
 
 MANIFEST = "manifest.json"
+JOURNAL = "shards.jsonl"
 STATS = "stats.json"
 JOB = "job.json"
 VERSION = "rollout-manifest-v1"
@@ -31,6 +36,7 @@ class ShardEntry:
     rows: int | None = None
     shard_digest: str | None = None
     skipped: list[dict] = field(default_factory=list)
+    file_sha256: str | None = None  # of the shard file's bytes: any flipped byte is caught
 
 
 @dataclass
@@ -48,15 +54,48 @@ class Manifest:
 
     @classmethod
     def load(cls, out_dir: Path) -> Manifest | None:
+        """The snapshot with the journal's shards applied; None where there is no run."""
         path = out_dir / MANIFEST
         if not path.exists():
             return None
         data = json.loads(path.read_text(encoding="utf-8"))
         data["shards"] = [ShardEntry(**s) for s in data["shards"]]
-        return cls(**data)
+        manifest = cls(**data)
+        journal = out_dir / JOURNAL
+        if journal.exists():
+            by_id = {s.shard_id: s for s in manifest.shards}
+            for line in journal.read_text(encoding="utf-8").splitlines():
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:  # a line cut short by a crash: not recorded
+                    continue
+                entry = by_id.get(record.get("shard_id"))
+                if entry is not None:
+                    entry.complete = True
+                    entry.rows, entry.shard_digest = record["rows"], record["shard_digest"]
+                    entry.skipped = record.get("skipped", [])
+                    entry.file_sha256 = record.get("file_sha256")
+        return manifest
 
     def save(self, out_dir: Path) -> None:
+        """Write the snapshot, then empty the journal it now includes."""
         write_json_atomic(out_dir / MANIFEST, asdict(self))
+        journal = out_dir / JOURNAL
+        if journal.exists():
+            journal.unlink()
+
+    @staticmethod
+    def record(out_dir: Path, entries: list[ShardEntry]) -> None:
+        """Append completed shards to the journal: durable once this returns."""
+        lines = "".join(
+            json.dumps({"shard_id": e.shard_id, "rows": e.rows, "shard_digest": e.shard_digest,
+                        "skipped": e.skipped, "file_sha256": e.file_sha256}, ensure_ascii=False) + "\n"
+            for e in entries
+        )  # fmt: skip
+        with open(out_dir / JOURNAL, "a", encoding="utf-8") as f:
+            f.write(lines)
+            f.flush()
+            os.fsync(f.fileno())
 
     @property
     def done(self) -> int:

@@ -12,8 +12,11 @@ retried: it stops the job with that error.
 
 from __future__ import annotations
 
+import re
+import statistics
 import sys
 import threading
+import time
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -36,7 +39,7 @@ class ShardPool:
         p = spec.pool
         return cls(size or p.actors, (spec.model_dump_json(), shard_dir, row_counts), p.cpus_per_actor,
                    p.gpus_per_actor, p.shards_in_flight_per_actor, p.max_shard_retries,
-                   p.restart_budget())  # fmt: skip
+                   p.restart_budget(), p.backup_after, p.backup_min_s)  # fmt: skip
 
     def __init__(
         self,
@@ -47,6 +50,8 @@ class ShardPool:
         in_flight_per_actor: int,
         max_retries: int,
         max_restarts: int = 3,
+        backup_after: float | None = None,
+        backup_min_s: float = 30.0,
     ) -> None:
         self._cls = ray.remote(EngineWorker).options(
             num_cpus=num_cpus,
@@ -58,6 +63,9 @@ class ShardPool:
         self._in_flight = in_flight_per_actor
         self._max_retries = max_retries
         self._max_restarts = max_restarts
+        self.backup_after, self.backup_min_s = backup_after, backup_min_s
+        self.backups = 0
+        self.dispatch_latency: deque[float] = deque(maxlen=100_000)
         self.actors: list[Any] = [self._cls.remote(*self._args) for _ in range(size)]
         self.restarts = 0
         self.fingerprint: dict | None = None
@@ -70,7 +78,7 @@ class ShardPool:
         except RayTaskError as exc:
             raise _cause(exc) from None
         except RayActorError as exc:
-            raise EngineError(f"an engine actor failed to start: {_first_line(exc)}") from None
+            raise EngineError(f"an engine actor failed to start: {_creation_error(exc)}") from None
         if any(fp != prints[0] for fp in prints):
             raise EngineError(
                 "the engine actors report different fingerprints; a run needs identical engines"
@@ -108,32 +116,73 @@ class ShardPool:
 
     def run(
         self, tasks: Iterable[ShardTask], cancel: threading.Event | None = None
-    ) -> Iterator[ShardResult]:
+    ) -> Iterator[list[ShardResult]]:
+        """Run every task; yields the results that completed together, as a batch.
+
+        A shard whose copy has run more than `backup_after` times the median shard time
+        (and at least `backup_min_s`) while an actor sits idle gets a backup copy there;
+        the first copy to finish is the result, the other is ignored. Both write the
+        same bytes to the same file, so either is correct and no row is doubled.
+        """
         queue = deque(tasks)
         attempts: Counter[int] = Counter()
         load = [0] * len(self.actors)
         inflight: dict[Any, tuple[int, Any, ShardTask]] = {}
+        fifo: list[deque] = [deque() for _ in self.actors]  # refs queued on each actor, head runs
+        head_since = [0.0] * len(self.actors)
+        durations: deque[float] = deque(maxlen=1000)  # recent shard times, for the median
+        copies: dict[
+            int, list[Any]
+        ] = {}  # shard_id -> refs of its copies (only shards with a backup)
+        orphans: dict[Any, int] = {}  # the losing copies still running -> actor slot
+        freed_at: dict[int, float] = {}  # actor slot -> when its last task was seen done
         while queue or inflight:
+            now = time.monotonic()
             for i, actor in enumerate(self.actors):
                 while queue and load[i] < self._in_flight and i not in self._starting:
+                    if i in freed_at:  # how long the driver took to hand this actor more work
+                        self.dispatch_latency.append(now - freed_at.pop(i))
                     task = queue.popleft()
-                    inflight[actor.run.remote(task)] = (i, actor, task)
+                    ref = actor.run.remote(task)
+                    inflight[ref] = (i, actor, task)
+                    fifo[i].append(ref)
+                    if len(fifo[i]) == 1:
+                        head_since[i] = now
                     load[i] += 1
+            if not queue:
+                self._start_backups(inflight, fifo, head_since, durations, copies, load, now)
             starting = {ref: i for i, ref in self._starting.items()}
-            ready, _ = ray.wait([*inflight, *starting], num_returns=1, timeout=0.25)
+            ready, _ = ray.wait([*inflight, *starting, *orphans], num_returns=1, timeout=0.25)
+            if ready:  # take everything that is already done: recorded as one batch
+                rest = [r for r in [*inflight, *starting, *orphans] if r not in ready]
+                more, _ = ray.wait(rest, num_returns=len(rest), timeout=0) if rest else ([], [])
+                ready += more
             if cancel is not None and cancel.is_set():
                 raise JobCancelled("the job was cancelled")
+            batch: list[ShardResult] = []
             for ref in ready:
                 if ref in starting:
                     self._started(starting[ref], ref)
                     continue
+                if ref in orphans:
+                    i = orphans.pop(ref)
+                    self._advance(i, ref, fifo, head_since, load)
+                    continue
                 i, actor, task = inflight.pop(ref)
-                load[i] -= 1
+                self._advance(i, ref, fifo, head_since, load)
+                freed_at.setdefault(i, time.monotonic())
                 try:
                     result = ray.get(ref)
                 except RayTaskError as exc:
                     raise _cause(exc) from None
                 except RayActorError as exc:
+                    if self.actors[i] is actor:  # replace each dead actor once
+                        self._replace(i, exc, f"shard {task.shard_id} goes to the next free actor")
+                        fifo[i].clear()
+                        load[i] = 0
+                    others = [r for r in copies.get(task.shard_id, []) if r in inflight]
+                    if others:  # its other copy is still running: that one will do
+                        continue
                     attempts[task.shard_id] += 1
                     if attempts[task.shard_id] > self._max_retries:
                         raise EngineError(
@@ -141,10 +190,62 @@ class ShardPool:
                             f"{attempts[task.shard_id]} times; last: {_first_line(exc)}"
                         ) from None
                     queue.appendleft(task)
-                    if self.actors[i] is actor:  # replace each dead actor once
-                        self._replace(i, exc, f"shard {task.shard_id} goes to the next free actor")
                     continue
-                yield result
+                durations.append(result.seconds)
+                for other in copies.pop(task.shard_id, []):
+                    if other in inflight:  # the losing copy: ignored, but let it finish
+                        orphans[other] = inflight.pop(other)[0]
+                batch.append(result)
+            if batch:
+                yield batch
+        self._end_orphans(orphans)
+
+    def _advance(
+        self, i: int, ref: Any, fifo: list[deque], head_since: list[float], load: list[int]
+    ) -> None:
+        """A task of actor i is done: the next one queued there starts now."""
+        if ref in fifo[i]:
+            fifo[i].remove(ref)
+            load[i] -= 1
+            head_since[i] = time.monotonic()
+
+    def _start_backups(self, inflight, fifo, head_since, durations, copies, load, now) -> None:
+        if self.backup_after is None or len(durations) < 3:
+            return
+        limit = max(self.backup_min_s, self.backup_after * statistics.median(durations))
+        idle = [i for i in range(len(self.actors)) if load[i] == 0 and i not in self._starting]
+        for i in range(len(self.actors)):
+            if not idle:
+                return
+            if not fifo[i] or now - head_since[i] < limit or fifo[i][0] not in inflight:
+                continue  # idle, not yet slow, or running a copy that lost already
+            ref = fifo[i][0]
+            task = inflight[ref][2]
+            if task.shard_id in copies:
+                continue  # one backup per shard
+            j = idle.pop(0)
+            backup = self.actors[j].run.remote(task)
+            inflight[backup] = (j, self.actors[j], task)
+            fifo[j].append(backup)
+            head_since[j] = now
+            load[j] += 1
+            copies[task.shard_id] = [ref, backup]
+            self.backups += 1
+            print(f"[rollout] shard {task.shard_id} has run {now - head_since[i]:.0f} s on actor {i} "
+                  f"(median {statistics.median(durations):.1f} s): backup copy on actor {j}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+
+    def _end_orphans(self, orphans: dict[Any, int]) -> None:
+        """Every shard is done: stop the actors still running losing copies, and wait until
+        they are gone, so that nothing writes into the run after it is finished."""
+        for i in set(orphans.values()):
+            ray.kill(self.actors[i], no_restart=True)
+        if orphans:
+            ray.wait(list(orphans), num_returns=len(orphans), timeout=60)
+            for i in set(orphans.values()):
+                release_resource_group(self.actors[i]._actor_id.hex())
+                self.actors[i] = self._cls.remote(*self._args)
+                self._starting[i] = self.actors[i].fingerprint.remote()
 
     def shutdown(self, timeout: float = 60.0) -> None:
         """Close every engine (freeing what it reserved), then end the actors."""
@@ -158,6 +259,13 @@ class ShardPool:
 def _cause(exc: RayTaskError) -> BaseException:
     cause = getattr(exc, "cause", None)
     return cause if isinstance(cause, BaseException) else exc
+
+
+def _creation_error(exc: BaseException) -> str:
+    """The error an actor's constructor raised, from the traceback Ray keeps as text."""
+    text = str(getattr(exc, "error_msg", "") or exc)
+    found = re.findall(r"^rollout\.errors\.\w+: (.+)$", text, flags=re.M)
+    return found[-1] if found else _first_line(exc)
 
 
 def _first_line(exc: BaseException) -> str:

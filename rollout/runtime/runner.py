@@ -2,6 +2,7 @@
 
 Layout of a run directory:
   manifest.json   config_hash, engine fingerprint, shards (row range, rows, digest), run_digest
+  shards.jsonl    shards recorded since the last manifest snapshot (a journal; see manifest.py)
   stats.json      timings and counters (they differ from run to run; never hashed)
   job.json        the job spec as run (what `rollout verify` regenerates rows with)
   data/           the Parquet shards, present only once the run is complete
@@ -12,6 +13,7 @@ Layout of a run directory:
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import os
@@ -27,15 +29,17 @@ import pyarrow.parquet as pq
 
 from rollout import determinism
 from rollout.data.prompts import check_columns
-from rollout.data.sink import fsync_dir, verify_shard_file
+from rollout.data.sink import file_sha256, fsync_dir, verify_shard_file
 from rollout.data.sources import Source
 from rollout.errors import ConfigError, InputError
 from rollout.jobs.config_diff import config_diff
 from rollout.jobs.spec import JobSpec
+from rollout.runtime import faults
 from rollout.runtime.manifest import JOB, STATS, Manifest, ShardEntry, write_json_atomic
 from rollout.runtime.shard import ShardResult, ShardTask
 
 DATA = "data"
+SNAPSHOT_EVERY_S = 5.0  # manifest.json rewritten at most this often; shards.jsonl in between
 STAGING = ".incomplete"
 ERRORS = "errors.jsonl"
 
@@ -55,6 +59,10 @@ class RunSummary:
     seconds: float
     output_tokens_per_s: float
     actor_restarts: int
+    backup_copies: int = 0  # straggling shards given a second copy (pool.backup_after)
+    driver_cpu_s: float = 0.0  # CPU time of this (driver) process for the run
+    dispatch_latency_p50_ms: float = 0.0  # a finished shard seen -> its actor's next shard sent
+    dispatch_latency_p99_ms: float = 0.0
 
 
 class Progress(Protocol):
@@ -77,20 +85,76 @@ def plan_shards(total_rows: int, shard_size: int) -> list[ShardEntry]:
     ]
 
 
-def check_unique_ids(source: Source, column: str) -> None:
+ID_BUCKETS = 64
+ID_SPILL = 1 << 22  # id hashes held in memory before the buckets spill to disk (32 MiB)
+
+
+def check_unique_ids(source: Source, column: str, spill_dir: Path | None = None) -> None:
+    """Every id in `column` is non-null and unique, in memory bounded by ID_SPILL.
+
+    Each id's 64-bit hash goes to one of ID_BUCKETS buckets (spilled to temporary files
+    past ID_SPILL hashes); a bucket at a time is then checked for repeats. A repeated
+    hash is confirmed, and its rows found, by a second pass over the ids that have it.
+    """
+    import tempfile
+
+    import numpy as np
+
+    with tempfile.TemporaryDirectory(prefix="rollout-ids-", dir=spill_dir) as tmp:
+        held: list[list[np.ndarray]] = [[] for _ in range(ID_BUCKETS)]
+        count = row = 0
+        for batch in source.read(0, source.num_rows, [column]):
+            values = batch.column(0).to_pylist()
+            if None in values:
+                raise InputError(
+                    f"input row {row + values.index(None)}", f"id column {column!r} is null"
+                )
+            hashes = np.fromiter((hash(v if isinstance(v, str) else str(v)) for v in values),
+                                 dtype=np.int64, count=len(values))  # fmt: skip
+            bucket = (hashes.view(np.uint64) % np.uint64(ID_BUCKETS)).astype(np.int64)
+            for b in np.unique(bucket):
+                held[b].append(hashes[bucket == b])
+            count += len(values)
+            row += len(values)
+            if count >= ID_SPILL:
+                _spill(held, Path(tmp))
+                count = 0
+        repeated: set[int] = set()
+        for b in range(ID_BUCKETS):
+            path = Path(tmp) / f"{b}.bin"
+            parts = held[b] + ([np.fromfile(path, dtype=np.int64)] if path.exists() else [])
+            if not parts:
+                continue
+            values, counts = np.unique(np.concatenate(parts), return_counts=True)
+            repeated.update(values[counts > 1].tolist())
+            held[b] = []
+    if repeated:
+        _report_duplicate(source, column, repeated)
+
+
+def _spill(held: list[list], folder: Path) -> None:
+    for b, parts in enumerate(held):
+        if parts:
+            with open(folder / f"{b}.bin", "ab") as f:
+                for part in parts:
+                    part.tofile(f)
+            held[b] = []
+
+
+def _report_duplicate(source: Source, column: str, hashes: set[int]) -> None:
+    """Find the first real repeat among the ids whose hash repeats (a hash collision is not one)."""
     seen: dict[str, int] = {}
     row = 0
     for batch in source.read(0, source.num_rows, [column]):
         for value in batch.column(0).to_pylist():
-            if value is None:
-                raise InputError(f"input row {row}", f"id column {column!r} is null")
             key = value if isinstance(value, str) else str(value)
-            if key in seen:
-                raise InputError(
-                    f"id column {column!r}",
-                    f"value {key!r} appears at rows {seen[key]} and {row}; ids must be unique",
-                )
-            seen[key] = row
+            if hash(key) in hashes:
+                if key in seen:
+                    raise InputError(
+                        f"id column {column!r}",
+                        f"value {key!r} appears at rows {seen[key]} and {row}; ids must be unique",
+                    )
+                seen[key] = row
             row += 1
 
 
@@ -112,6 +176,31 @@ def connect_ray(address: str | None) -> None:
         )
 
 
+def _quantile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return 0.0
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+def _verify(path: str) -> tuple[str, int | None, str | None]:
+    try:
+        digest, rows = verify_shard_file(Path(path))
+        return digest, rows, file_sha256(Path(path))
+    except (OSError, ValueError) as exc:
+        return str(exc), None, None
+
+
+def verify_files(paths: list[Path]) -> dict[str, tuple[str, int | None, str | None]]:
+    """(shard_digest, rows, file sha256) of each file recomputed from its bytes, or (why not,
+    None, None); run as Ray tasks, so that a resume's re-hashing is spread over the cluster,
+    not the driver."""
+    import ray
+
+    task = ray.remote(num_cpus=1)(_verify)
+    refs = [task.remote(str(p)) for p in paths]
+    return {p.name: r for p, r in zip(paths, ray.get(refs), strict=True)}
+
+
 class JobRunner:
     def __init__(
         self,
@@ -128,6 +217,7 @@ class JobRunner:
 
     def run(self) -> RunSummary:
         started = time.monotonic()
+        self._cpu_started = time.process_time()
         spec = self.spec
         source = Source(spec.input.path, spec.input.format, spec.input.split)
         check_columns(source.schema(), spec, where=f"input {spec.input.path!r}")
@@ -153,6 +243,8 @@ class JobRunner:
         connect_ray(self.ray_address)
         from rollout.runtime.pool import ShardPool
 
+        # Re-hash a previous run's complete shards before the engines take the CPUs.
+        self._checks = self._verify_existing(existing)
         pool = ShardPool.for_job(spec, str(self.out / STAGING), counts)
         try:
             config = spec.config_view(input_fp, pool.engine_fingerprint())
@@ -166,15 +258,29 @@ class JobRunner:
             todo = [
                 ShardTask(s.shard_id, s.start, s.end) for s in manifest.shards if not s.complete
             ]
-            for result in pool.run(todo, self.cancel):
-                entry = by_id[result.shard_id]
-                entry.complete = True
-                entry.rows, entry.shard_digest = result.rows, result.shard_digest
-                entry.skipped = result.skipped
-                manifest.save(self.out)
-                self._count(result)
-                if self.progress:
-                    self.progress.shard_done(result, manifest)
+            snapshot_at = time.monotonic()
+            try:
+                for batch in pool.run(todo, self.cancel):
+                    done = [dataclasses.replace(by_id[r.shard_id], complete=True, rows=r.rows,
+                                                shard_digest=r.shard_digest, skipped=r.skipped,
+                                                file_sha256=r.file_sha256) for r in batch]  # fmt: skip
+                    Manifest.record(self.out, done)  # durable: one append per batch
+                    for entry in done:  # recorded: now part of the run
+                        by_id[entry.shard_id].__dict__.update(entry.__dict__)
+                    for result in batch:
+                        faults.after_record(result.shard_id, result.pid)
+                    if time.monotonic() - snapshot_at >= SNAPSHOT_EVERY_S:
+                        manifest.save(self.out)
+                        snapshot_at = time.monotonic()
+                    for result in batch:
+                        self._count(result)
+                        if self.progress:
+                            self.progress.shard_done(result, manifest)
+            except BaseException:
+                manifest.save(self.out)  # stopped or failed: the snapshot holds what was recorded
+                raise
+            self.backups = pool.backups
+            self.latency = sorted(pool.dispatch_latency)
             return self._finish(manifest, resumed, started, pool.restarts)
         finally:
             pool.shutdown()
@@ -192,6 +298,18 @@ class JobRunner:
             ) from None
 
     # -- resume --------------------------------------------------------------------------------
+    def _verify_existing(
+        self, existing: Manifest | None
+    ) -> dict[str, tuple[str, int | None, str | None]]:
+        if existing is None:
+            return {}
+        folder = self.out / (
+            DATA if existing.status == "complete" and (self.out / DATA).is_dir() else STAGING
+        )
+        if not folder.is_dir() and (self.out / DATA).is_dir():
+            folder = self.out / DATA
+        return verify_files([folder / e.file for e in existing.shards if e.complete])
+
     def _existing_manifest(self) -> Manifest | None:
         if not self.out.exists():
             return None
@@ -240,26 +358,21 @@ class JobRunner:
                   f"(not {self.spec.shard_size})", file=sys.stderr)  # fmt: skip
         keep = set()
         resumed = 0
+        checks = self._checks
         for entry in existing.shards:
-            path = staging / entry.file
             if entry.complete:
-                try:
-                    digest, rows = verify_shard_file(path)
-                    ok = digest == entry.shard_digest and rows == entry.rows
-                except (OSError, ValueError) as exc:
-                    ok, digest = False, str(exc)
+                digest, rows, sha = checks.get(entry.file, ("not verified", None, None))
+                ok = digest == entry.shard_digest and rows == entry.rows
+                if ok and entry.file_sha256 and sha != entry.file_sha256:
+                    ok, digest = False, "its bytes changed since it was written (file_sha256)"
                 if ok:
                     keep.add(entry.file)
                     resumed += 1
                     continue
                 print(f"[rollout] shard {entry.shard_id} failed verification ({digest}); regenerating it",
                       file=sys.stderr)  # fmt: skip
-                entry.complete, entry.rows, entry.shard_digest, entry.skipped = (
-                    False,
-                    None,
-                    None,
-                    [],
-                )
+                entry.complete, entry.rows, entry.shard_digest = False, None, None
+                entry.skipped, entry.file_sha256 = [], None
         for leftover in staging.iterdir():
             if leftover.name not in keep:
                 leftover.unlink()
@@ -284,6 +397,8 @@ class JobRunner:
             for row in skipped:
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")
         os.replace(tmp, self.out / ERRORS)
+        for stray in staging.glob(".*.tmp"):  # a write cut short (a killed backup copy)
+            stray.unlink()
         staging.rename(self.out / DATA)
         fsync_dir(self.out)
         manifest.run_digest = hashes_digest
@@ -304,6 +419,10 @@ class JobRunner:
             seconds=seconds,
             output_tokens_per_s=self._output_tokens / seconds if seconds else 0.0,
             actor_restarts=restarts,
+            backup_copies=getattr(self, "backups", 0),
+            driver_cpu_s=time.process_time() - self._cpu_started,
+            dispatch_latency_p50_ms=_quantile(getattr(self, "latency", []), 0.5) * 1000,
+            dispatch_latency_p99_ms=_quantile(getattr(self, "latency", []), 0.99) * 1000,
         )
         write_json_atomic(self.out / STATS, asdict(summary))
         return summary

@@ -6,6 +6,7 @@ dataset as a whole never is.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,11 +15,12 @@ import pyarrow as pa
 
 from rollout import determinism
 from rollout.data.prompts import needed_columns, render_rows
-from rollout.data.sink import RowBuffer, output_schema, write_atomic
+from rollout.data.sink import RowBuffer, file_sha256, output_schema, write_atomic
 from rollout.data.sources import Source
 from rollout.engines.base import Engine, GenerationRequest
-from rollout.errors import InputError
+from rollout.errors import InputError, OutputError
 from rollout.jobs.spec import JobSpec
+from rollout.runtime import faults
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,8 @@ class ShardResult:
     output_tokens: int
     seconds: float
     skipped: list[dict] = field(default_factory=list)
+    pid: int = 0  # the process that made it
+    file_sha256: str = ""
 
 
 def example_id_of(row: dict, id_column: str | None, row_index: int) -> str:
@@ -62,13 +66,22 @@ def run_shard(
     spec: JobSpec, source: Source, engine: Engine, task: ShardTask, out_dir: Path
 ) -> ShardResult:
     started = time.monotonic()
+    faults.set_shard(task.shard_id)
+    faults.point("before_first_row", task.shard_id)
     table = pa.Table.from_batches(list(source.read(task.start, task.end, needed_columns(spec))))
     if table.num_rows != task.end - task.start:
         raise InputError(
             f"input {spec.input.path!r}",
             f"rows {task.start}..{task.end - 1} could not all be read (got {table.num_rows}): did the input change?",
         )
-    rows = table.to_pylist()
+    try:
+        rows = table.to_pylist()
+    except UnicodeDecodeError as exc:  # a text column holding bytes that are not UTF-8
+        raise InputError(
+            f"input {spec.input.path!r}",
+            f"rows {task.start}..{task.end - 1} hold text that is not UTF-8: byte "
+            f"0x{exc.object[exc.start]:02x} cannot be decoded ({exc.reason})",
+        ) from None
     rendered = render_rows(rows, spec.prompt)
     skipped: list[dict] = []
     requests: list[GenerationRequest] = []
@@ -132,7 +145,14 @@ def run_shard(
         )
         prompt_tokens += len(result.prompt_token_ids)
         output_tokens += len(result.output_token_ids)
-    write_atomic(buffer.table(), out_dir / task.file_name)
+    try:
+        faults.point("write_enospc", task.shard_id)
+        write_atomic(buffer.table(), out_dir / task.file_name)
+    except OSError as exc:
+        raise OutputError(
+            f"output {out_dir}", f"shard {task.shard_id} could not be written: {exc}"
+        ) from None
+    faults.point("after_write", task.shard_id)
     return ShardResult(
         shard_id=task.shard_id,
         start=task.start,
@@ -144,6 +164,8 @@ def run_shard(
         output_tokens=output_tokens,
         seconds=time.monotonic() - started,
         skipped=skipped,
+        pid=os.getpid(),
+        file_sha256=file_sha256(out_dir / task.file_name),
     )
 
 

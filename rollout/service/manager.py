@@ -17,7 +17,7 @@ from typing import Any
 from rollout.data.prompts import check_columns
 from rollout.data.sources import Source
 from rollout.engines import engine_class
-from rollout.errors import AccessError, InputError, JobCancelled, RolloutError
+from rollout.errors import AccessError, ConfigError, InputError, JobCancelled, RolloutError
 from rollout.jobs.spec import JobSpec, parse_job_spec
 from rollout.runtime.runner import JobRunner
 from rollout.service.store import JobRecord, JobStore
@@ -91,7 +91,9 @@ class JobManager:
         job = job.model_copy(
             update={"input": job.input.model_copy(update={"path": inp}), "output": out}
         )
-        engine_class(job.engine.name)
+        engine_class(job.engine.name)(**job.engine.options)  # options checked; nothing started
+        if Path(out).exists() and not Path(out).is_dir():
+            raise ConfigError("output", job.output, "is a file, not a directory")
         source = Source(job.input.path, job.input.format, job.input.split)
         check_columns(source.schema(), job, where=f"input {job.input.path!r}")
         return job

@@ -171,12 +171,14 @@ def test_verify_sample_is_deterministic(runs):
 
 
 def test_repeat_across_topologies_gives_one_digest(runs, tmp_path):
-    spec = parse_job_spec(spec_data(runs["input"], tmp_path / "unused"))
+    small = tmp_path / "small.parquet"
+    pq.write_table(pa.table({"qid": ["r0", "r1", "r2", "r3"], "question": QUESTIONS[:4]}), small)
+    spec = parse_job_spec(spec_data(small, tmp_path / "unused", max_tokens=8))
     report = repeat_job(spec, 3, ("actors", "shard_size"), tmp_path / "rep")
     assert [(r.actors, r.shard_size) for r in report.runs] == [(1, 3), (2, 1), (1, 6)]
     assert report.distinct_run_digests == 1 and report.verdict == IDENTICAL
-    assert report.outputs_per_row == {1: 16} and report.rows == 16
-    assert report.runs[0].run_digest == RunDir(runs["a"]).manifest.run_digest
+    assert report.outputs_per_row == {1: 8} and report.rows == 8
+    assert spec.sampling.temperature == 1.0
 
 
 def test_audit_errors_name_the_run(runs, tmp_path):
@@ -216,17 +218,15 @@ def test_audit_and_verify_over_grpc(runs, tmp_path):
 
 
 def test_repeat_cli(runs, tmp_path, capsys):
+    """The command as a user runs it (the synthetic engine: the CLI path, not the model)."""
     config = tmp_path / "job.yaml"
     data = spec_data(runs["input"], tmp_path / "o")
-    QUESTIONS_SMALL = 3
-    pq.write_table(pa.table({"qid": ["x0", "x1", "x2"], "question": QUESTIONS[:QUESTIONS_SMALL]}),
-                   tmp_path / "small.parquet")  # fmt: skip
-    data["input"]["path"] = str(tmp_path / "small.parquet")
-    data["sampling"]["max_tokens"] = 4
+    data["engine"] = {"name": "synthetic", "options": {"max_num_seqs": 16}}
     config.write_text(yaml.safe_dump(data))
-    code = main(["repeat", str(config), "--times", "2", "--vary", "batch_size", "--json",
+    code = main(["repeat", str(config), "--times", "3", "--vary", "batch_size,shard_size", "--json",
                  "--out", str(tmp_path / "rep")])  # fmt: skip
     out = json.loads(capsys.readouterr().out)
-    assert code == 0 and out["distinct_run_digests"] == 1
-    assert [r["batch_size"] for r in out["runs"]] == [16, 8]
+    assert code == 0 and out["distinct_run_digests"] == 1 and out["outputs_per_row"] == {"1": 16}
+    assert [(r["batch_size"], r["shard_size"]) for r in out["runs"]] == [(16, 3), (8, 1), (4, 6)]
     assert main(["repeat", str(config), "--vary", "colour"]) == 2
+    assert main(["repeat", str(config), "--out", str(tmp_path / "rep")]) == 2  # not empty

@@ -2,8 +2,9 @@
 
 64 prompts of 1 to 400 tokens, temperature 0.8, top_p 0.95, 48 new tokens: token ids
 and logprobs must be identical between batch sizes 1, 8 and 64, between two orders of
-the prompts, and between two processes. Batch size 1 runs in a separate process;
-this one runs batch 64, and batch 8 on the prompts in reverse order.
+the prompts, and between two processes. Batch size 1 runs in a separate process on 22
+of the prompts (every third one and the longest: one sequence at a time is slow);
+this one runs batch 64, and batch 8 on all 64 prompts in reverse order.
 """
 
 from __future__ import annotations
@@ -23,17 +24,27 @@ pytestmark = pytest.mark.slow
 SCRIPT = Path(workload.__file__)
 
 
-def run_in_child(
-    out: Path, max_num_seqs: int, limit: int | None = None, threads: int | None = None
-) -> list[dict]:
+def start_child(
+    out: Path,
+    max_num_seqs: int,
+    limit: int | None = None,
+    threads: int | None = None,
+    every: int = 1,
+) -> subprocess.Popen:
     env = dict(os.environ)
     if threads:
         env |= {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    cmd = [sys.executable, str(SCRIPT), str(out), str(max_num_seqs)] + (
-        [str(limit)] if limit else []
-    )
-    subprocess.run(cmd, env=env, cwd=SCRIPT.parents[2], check=True, timeout=1800)
+    cmd = [sys.executable, str(SCRIPT), str(out), str(max_num_seqs), str(limit or "-"), str(every)]
+    return subprocess.Popen(cmd, env=env, cwd=SCRIPT.parents[2])
+
+
+def child_records(proc: subprocess.Popen, out: Path) -> list[dict]:
+    assert proc.wait(timeout=1800) == 0
     return json.loads(out.read_text())
+
+
+def run_in_child(out: Path, max_num_seqs: int, **kw) -> list[dict]:
+    return child_records(start_child(out, max_num_seqs, **kw), out)
 
 
 def assert_bitwise_equal(a: list[dict], b: list[dict]) -> None:
@@ -47,7 +58,9 @@ def assert_bitwise_equal(a: list[dict], b: list[dict]) -> None:
 
 
 def test_outputs_identical_across_batch_sizes_orders_and_processes(smollm2_factory, tmp_path: Path):
-    batch1 = run_in_child(tmp_path / "batch1.json", max_num_seqs=1)
+    # Batch 1 (one sequence at a time, memory-bound: minutes) on 22 of the 64 prompts,
+    # every third one and the longest, so that lengths still span 1..400 tokens.
+    batch1 = run_in_child(tmp_path / "batch1.json", max_num_seqs=1, every=3)
 
     engine64 = smollm2_factory(max_num_seqs=64)
     reqs = workload.requests(engine64)
@@ -63,7 +76,9 @@ def test_outputs_identical_across_batch_sizes_orders_and_processes(smollm2_facto
     assert sum(len(r["tokens"]) for r in batch64) >= 64 * 24
     assert all(len(r["logprobs"]) == len(r["tokens"]) for r in batch64)
     assert_bitwise_equal(batch64, batch8_reversed)
-    assert_bitwise_equal(batch64, batch1)
+    solo_ids = {r["id"] for r in batch1}
+    assert len(batch1) == 22 and {"0", "63"} <= solo_ids
+    assert_bitwise_equal([r for r in batch64 if r["id"] in solo_ids], batch1)
 
 
 def test_outputs_identical_at_one_and_two_threads(smollm2_factory, tmp_path: Path):

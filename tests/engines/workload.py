@@ -19,10 +19,12 @@ PARAMS = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=48, logprobs=Tru
 NUM_PROMPTS = 64
 
 
-def requests(engine, limit: int | None = None) -> list[GenerationRequest]:
+def requests(engine, limit: int | None = None, every: int = 1) -> list[GenerationRequest]:
     """64 prompts: real text and random token ids, lengths spread over 1..400.
 
-    With `limit`, the first `limit` prompts with 16 new tokens (a quick variant).
+    With `limit`, the first `limit` prompts with 16 new tokens (a quick variant). With
+    `every`, every `every`-th prompt and the longest (the batch-1 run: one sequence at a
+    time is memory-bound, so it takes a subset that still spans 1..400 tokens).
     """
     text = (
         "The history of computing is long and full of surprising turns. Early machines were "
@@ -38,6 +40,8 @@ def requests(engine, limit: int | None = None) -> list[GenerationRequest]:
         else:
             ids = base[i : i + n]
         out.append(GenerationRequest(str(i), ids, PARAMS, seq_seed(7, str(i), 0)))
+    if every > 1:
+        out = out[::every] + ([out[-1]] if (len(out) - 1) % every else [])
     if limit is not None:
         quick = PARAMS.model_copy(update={"max_tokens": 16})
         out = [
@@ -66,8 +70,9 @@ if __name__ == "__main__":
     from rollout.engines import create_engine
 
     max_num_seqs = int(sys.argv[2])
-    limit = int(sys.argv[3]) if len(sys.argv) > 3 else None
+    limit = int(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[3] != "-" else None
+    every = int(sys.argv[4]) if len(sys.argv) > 4 else 1
     with create_engine("smollm2", max_num_seqs=max_num_seqs) as engine:
-        records = as_records(engine.generate(requests(engine, limit)))
+        records = as_records(engine.generate(requests(engine, limit, every)))
     with open(sys.argv[1], "w") as f:
         json.dump(records, f)

@@ -229,7 +229,7 @@ def write_rows(path: Path, rows: list[dict]) -> Path:
         ([{"qid": "a", "m": [{"role": "user", "text": "x"}]}], {"prompt": {"messages_column": "m"}},
          "message 0 must be {role: string, content: string}"),
         ([{"qid": "a", "m": "hello"}], {"prompt": {"messages_column": "m"}},
-         "column 'm' must be a non-empty list of {role, content}, got str"),
+         "column 'm' (prompt.messages_column) holds string, not a list"),
         ([], {}, "has 0 rows"),
     ],
 )  # fmt: skip

@@ -1,0 +1,195 @@
+#!/usr/bin/env python
+"""Scale of the orchestration, with the synthetic engine, measured in one run (issue [6/7]).
+
+1. Pipeline throughput at infinite engine speed (read Parquet -> seed -> generate ->
+   hash -> write Parquet, all in the actors), 64 tokens per row, 1 and 2 actors.
+2. The driver as the job grows: rows/s, driver CPU and peak RSS (the `rollout run`
+   process only; actors are other processes) at 10^4 .. 10^6 rows (--max-rows 10^7).
+3. A simulated cluster: many replicas, each at a simulated speed (tokens_per_s), one of
+   them a straggler: dispatch latency, driver CPU per shard, backup copies.
+Prints Markdown; `--write FILE` replaces the section there. A plot of (2) goes to
+docs/scale.png when matplotlib is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import yaml
+
+sys.path.insert(0, str(Path(__file__).parent))
+from benchlib import publish  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+DRIVER = """
+import json, re, sys
+from pathlib import Path
+from rollout.cli.main import main
+code = main(["run", sys.argv[1], "--quiet", "--json"])
+hwm = int(re.search(r"VmHWM:\\s+(\\d+)", Path("/proc/self/status").read_text()).group(1))
+print(json.dumps({"code": code, "hwm_kib": hwm}), file=sys.stderr)
+sys.exit(code)
+"""
+
+
+def prompts(folder: Path, rows: int) -> Path:
+    path = folder / f"in-{rows}.parquet"
+    if not path.exists():
+        writer = None
+        for start in range(0, rows, 1_000_000):
+            n = min(1_000_000, rows - start)
+            table = pa.table({"q": [f"Write about topic {i}." for i in range(start, start + n)]})
+            writer = writer or pq.ParquetWriter(path, table.schema)
+            writer.write_table(table, row_group_size=100_000)
+        writer.close()
+    return path
+
+
+def run_job(folder: Path, name: str, data: dict) -> dict:
+    config = folder / f"{name}.yaml"
+    data["output"] = str(folder / name)
+    config.write_text(yaml.safe_dump(data))
+    proc = subprocess.run([sys.executable, "-c", DRIVER, str(config)], capture_output=True,
+                          text=True, check=False)  # fmt: skip
+    if proc.returncode != 0:
+        raise SystemExit(f"{name} failed:\n{proc.stderr[-3000:]}")
+    # the summary is the last JSON line (Ray may print its own lines to stdout too)
+    summary = json.loads([x for x in proc.stdout.splitlines() if x.startswith("{")][-1])
+    summary["driver_rss_mib"] = json.loads(proc.stderr.strip().splitlines()[-1])["hwm_kib"] / 1024
+    return summary
+
+
+def job(inp: Path, rows_per_shard: int, actors: int, options: dict | None = None, **pool) -> dict:
+    return {
+        "input": {"path": str(inp)},
+        "prompt": {"column": "q"},
+        "sampling": {"max_tokens": 64, "ignore_eos": True},
+        "engine": {"name": "synthetic", "options": options or {}},
+        "pool": {"actors": actors, "cpus_per_actor": pool.pop("cpus", 1), **pool},
+        "shard_size": rows_per_shard,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--max-rows", type=int, default=1_000_000)
+    parser.add_argument("--pipeline-rows", type=int, default=200_000)
+    parser.add_argument("--sim-replicas", type=int, default=16)
+    parser.add_argument("--sim-shards", type=int, default=1_000)
+    parser.add_argument("--write", type=Path)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
+        t = Path(tmp)
+        pipe = {}
+        for actors in (1, 2):
+            inp = prompts(t, args.pipeline_rows)
+            s = run_job(t, f"pipe{actors}", job(inp, 10_000, actors))
+            # rows per second of generation, Ray start and engine start excluded as far as
+            # the summary allows: seconds covers the run from input checks to the manifest
+            pipe[actors] = s
+            print(
+                f"pipeline {actors} actors: {s['rows'] / s['seconds']:.0f} rows/s", file=sys.stderr
+            )
+        growth = []
+        size = 10_000
+        while size <= args.max_rows:
+            inp = prompts(t, size)
+            s = run_job(t, f"grow{size}", job(inp, max(1_000, size // 100), 2))
+            growth.append((size, s))
+            print(f"{size} rows: {s['rows'] / s['seconds']:.0f} rows/s, driver {s['driver_rss_mib']:.0f} MiB",
+                  file=sys.stderr)  # fmt: skip
+            size *= 10
+        rows = args.sim_shards * 50
+        inp = prompts(t, rows)
+        options = {
+            "tokens_per_s": 64 * 50 / 0.5,
+            "slow_claim_file": str(t / "slow"),
+            "slow_factor": 8,
+        }
+        sim = run_job(t, "sim", job(inp, 50, args.sim_replicas, options, cpus=2 / args.sim_replicas,
+                                    backup_after=3.0, backup_min_s=1.0))  # fmt: skip
+    lines = [
+        "## Scale: the synthetic engine and the driver (`scripts/bench_scale.py`)",
+        "",
+        "The `synthetic` engine (no model: tokens from seq_seed, position and prompt) through the "
+        "real pipeline: Ray actors read Parquet, seed, generate, hash and write Parquet; the "
+        "driver plans shards, dispatches, records (a journal append per batch of finished "
+        "shards) and hashes the run digest at the end. 64 output tokens per row, 2 cores. "
+        "Measured in one run, side by side.",
+        "",
+        "| pipeline, infinite engine speed | rows | seconds | rows/s | rows/s per actor-core |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for actors, s in pipe.items():
+        rate = s["rows"] / s["seconds"]
+        lines.append(
+            f"| {actors} actor(s) | {s['rows']:,} | {s['seconds']:.1f} | {rate:,.0f} | {rate / actors:,.0f} |"
+        )
+    lines += [
+        "",
+        f"- **ratio 2 actors / 1 actor: {(pipe[2]['rows'] / pipe[2]['seconds']) / (pipe[1]['rows'] / pipe[1]['seconds']):.2f}**; "
+        "the seconds include Ray's start and the engines' start, so small jobs understate the rate",
+        "",
+        "| rows | shards | rows/s | driver CPU s | driver CPU ms per shard | driver peak RSS (MiB) | dispatch p50 / p99 ms |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for size, s in growth:
+        lines.append(f"| {size:,} | {s['shards']:,} | {s['rows'] / s['seconds']:,.0f} | {s['driver_cpu_s']:.1f} | "
+                     f"{1000 * s['driver_cpu_s'] / s['shards']:.1f} | {s['driver_rss_mib']:.0f} | "
+                     f"{s['dispatch_latency_p50_ms']:.1f} / {s['dispatch_latency_p99_ms']:.1f} |")  # fmt: skip
+    first, last = growth[0][1], growth[-1][1]
+    lines += [
+        "",
+        f"- **driver peak RSS {growth[-1][0]:,} / {growth[0][0]:,} rows: "
+        f"{last['driver_rss_mib'] / first['driver_rss_mib']:.2f}** ({first['driver_rss_mib']:.0f} -> "
+        f"{last['driver_rss_mib']:.0f} MiB; target < 500 MiB and flat)",
+        f"- steady state at {growth[-1][0]:,} rows: **{last['rows'] / last['seconds'] / 2:,.0f} rows/s per "
+        "actor-core** against a target of 30,000: not met on this machine; the per-row Python work "
+        "in the actor (seeding, the three v1 hashes, building Arrow columns) is what remains",
+        "- 10^7 rows: `--max-rows 10000000` (about 5 minutes more here); not in the default run",
+        "",
+        f"Simulated cluster: {args.sim_replicas} replicas (Ray actors) at a simulated "
+        f"{options['tokens_per_s']:,.0f} output tokens/s each, one of them {options['slow_factor']:.0f}x "
+        f"slower (a straggler), {rows:,} rows in {args.sim_shards:,} shards of 50:",
+        "",
+        f"- {sim['rows']:,} rows in {sim['seconds']:.1f} s; driver CPU {sim['driver_cpu_s']:.1f} s = "
+        f"**{1000 * sim['driver_cpu_s'] / sim['shards']:.1f} ms per shard**; driver peak RSS "
+        f"{sim['driver_rss_mib']:.0f} MiB; dispatch latency p50 {sim['dispatch_latency_p50_ms']:.1f} ms, "
+        f"p99 {sim['dispatch_latency_p99_ms']:.1f} ms",
+        f"- straggler: {sim['backup_copies']} backup copies started on idle replicas; every row once "
+        "(the digest is checked by the tests, `tests/runtime/test_scale.py`)",
+        "",
+        "![rows/s and driver peak RSS against rows](scale.png)",
+    ]
+    publish("\n".join(lines), args.write)
+    _plot(growth)
+
+
+def _plot(growth: list) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot", file=sys.stderr)
+        return
+    xs = [g[0] for g in growth]
+    fig, ax = plt.subplots(1, 2, figsize=(9, 3.2))
+    ax[0].plot(xs, [g[1]["rows"] / g[1]["seconds"] for g in growth], "o-")
+    ax[0].set(xscale="log", xlabel="rows", ylabel="rows/s", title="throughput")
+    ax[1].plot(xs, [g[1]["driver_rss_mib"] for g in growth], "o-")
+    ax[1].set(xscale="log", xlabel="rows", ylabel="MiB", title="driver peak RSS", ylim=(0, None))
+    fig.tight_layout()
+    fig.savefig(ROOT / "docs" / "scale.png", dpi=100)
+
+
+if __name__ == "__main__":
+    main()
