@@ -115,3 +115,39 @@ class Engine(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class HFTokenizerEngine(Engine):
+    """An engine whose text side is a Hugging Face tokenizer (`self._tokenizer`, set by
+    `start()`), and whose fingerprint and context limit come from its start and options."""
+
+    _tokenizer: Any = None
+    _fingerprint: dict[str, Any] | None = None
+    options: Any
+
+    @abstractmethod
+    def _require_started(self) -> Any:
+        """Raise EngineError unless start() has run."""
+
+    def encode(self, text: str) -> list[int]:
+        self._require_started()
+        return list(self._tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def apply_chat_template(self, messages: Sequence[dict[str, str]]) -> str:
+        self._require_started()
+        return self._tokenizer.apply_chat_template(
+            list(messages), tokenize=False, add_generation_prompt=True
+        )
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        self._require_started()
+        return self._tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+    @property
+    def max_model_len(self) -> int:
+        return self.options.max_model_len
+
+    def fingerprint(self) -> dict[str, Any]:
+        self._require_started()
+        assert self._fingerprint is not None
+        return dict(self._fingerprint)

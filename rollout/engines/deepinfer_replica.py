@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from rollout.engines.base import Engine, GenerationRequest, GenerationResult
+from rollout.engines.base import GenerationRequest, GenerationResult, HFTokenizerEngine
 from rollout.engines.deepinfer import (
     DeepInferOptions,
     DeepInferRank,
@@ -78,7 +78,7 @@ class RankActor:
         self.rank.close()
 
 
-class DeepInferReplica(Engine):
+class DeepInferReplica(HFTokenizerEngine):
     name = "deepinfer"
 
     def __init__(self, **options: Any) -> None:
@@ -174,30 +174,6 @@ class DeepInferReplica(Engine):
     def _require_started(self) -> None:
         if not self._ranks:
             raise EngineError("the deepinfer replica is not started: call start() first")
-
-    # -- tokenizer (the service tokenizes, so prompt hashes are ours) -------------------------
-    def encode(self, text: str) -> list[int]:
-        self._require_started()
-        return list(self._tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    def apply_chat_template(self, messages: Sequence[dict[str, str]]) -> str:
-        self._require_started()
-        return self._tokenizer.apply_chat_template(
-            list(messages), tokenize=False, add_generation_prompt=True
-        )
-
-    def decode(self, token_ids: Sequence[int]) -> str:
-        self._require_started()
-        return self._tokenizer.decode(list(token_ids), skip_special_tokens=True)
-
-    @property
-    def max_model_len(self) -> int:
-        return self.options.max_model_len
-
-    def fingerprint(self) -> dict[str, Any]:
-        self._require_started()
-        assert self._fingerprint is not None
-        return dict(self._fingerprint)
 
     # -- generation -----------------------------------------------------------------------------
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:

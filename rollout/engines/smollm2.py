@@ -32,9 +32,9 @@ from rollout.cpu.numerics import gemm_mode  # noqa: E402
 from rollout.cpu.sampler import SAMPLER_VERSION, sample_row  # noqa: E402
 from rollout.cpu.weights import GGUF_FILENAME, cached_path, ensure_cached, find_gguf  # noqa: E402
 from rollout.engines.base import (  # noqa: E402
-    Engine,
     GenerationRequest,
     GenerationResult,
+    HFTokenizerEngine,
     prepare_prompt,
 )
 from rollout.engines.stopping import StopState  # noqa: E402
@@ -101,7 +101,7 @@ def _log(message: str) -> None:
     print(f"[rollout] {message}", file=sys.stderr, flush=True)
 
 
-class SmolLM2Engine(Engine):
+class SmolLM2Engine(HFTokenizerEngine):
     """SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized to float32) on the CPU."""
 
     name = "smollm2"
@@ -184,30 +184,6 @@ class SmolLM2Engine(Engine):
         if self._model is None:
             raise EngineError("the smollm2 engine is not started: call start() first")
         return self._model
-
-    # -- tokenizer ----------------------------------------------------------------------------
-    def encode(self, text: str) -> list[int]:
-        self._require_started()
-        return list(self._tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    def apply_chat_template(self, messages: Sequence[dict[str, str]]) -> str:
-        self._require_started()
-        return self._tokenizer.apply_chat_template(
-            list(messages), tokenize=False, add_generation_prompt=True
-        )
-
-    def decode(self, token_ids: Sequence[int]) -> str:
-        self._require_started()
-        return self._tokenizer.decode(list(token_ids), skip_special_tokens=True)
-
-    @property
-    def max_model_len(self) -> int:
-        return self.options.max_model_len
-
-    def fingerprint(self) -> dict[str, Any]:
-        self._require_started()
-        assert self._fingerprint is not None
-        return dict(self._fingerprint)
 
     # -- generation ---------------------------------------------------------------------------
     def _prepare(self, index: int, request: GenerationRequest) -> _Seq:
