@@ -78,3 +78,9 @@ def config_error_from_validation(exc: Exception, prefix: str = "") -> ConfigErro
     message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
     more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
     return ConfigError(parameter, first.get("input"), message + more)
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an error's text (Ray's errors carry whole tracebacks), or its type."""
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

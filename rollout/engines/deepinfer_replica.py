@@ -32,7 +32,7 @@ from rollout.engines.deepinfer import (
     preflight,
     prepare,
 )
-from rollout.errors import EngineError, EngineLost, config_error_from_validation
+from rollout.errors import EngineError, EngineLost, config_error_from_validation, first_line
 
 DEFAULT_MASTER_PORT_OFFSET = 50  # DeepInfer meets at MASTER_PORT - 50 + engine_group_rank
 
@@ -150,7 +150,7 @@ class DeepInferReplica(HFTokenizerEngine):
             )
         except (RayActorError, RayTaskError, GetTimeoutError) as exc:
             self.close()
-            raise EngineError(f"a DeepInfer rank failed to start: {_first_line(exc)}") from None
+            raise EngineError(f"a DeepInfer rank failed to start: {first_line(exc)}") from None
         from transformers import AutoTokenizer
 
         self._tokenizer = AutoTokenizer.from_pretrained(str(o.model_dir()))
@@ -189,7 +189,7 @@ class DeepInferReplica(HFTokenizerEngine):
             outputs = [out for chunk in ray.get(refs) for out in chunk]
         except RayActorError as exc:
             self.close()
-            raise EngineLost(f"a DeepInfer rank died: {_first_line(exc)}") from None
+            raise EngineLost(f"a DeepInfer rank died: {first_line(exc)}") from None
         except RayTaskError as exc:
             cause = getattr(exc, "cause", None)
             raise (cause if isinstance(cause, Exception) else EngineError(str(exc))) from None
@@ -200,8 +200,3 @@ class DeepInferReplica(HFTokenizerEngine):
             )
         return [finish(r, p, by_index[p.index], self._eos, self.decode)
                 for r, p in zip(requests, prepared, strict=True)]  # fmt: skip
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__

@@ -24,7 +24,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
-from rollout.errors import EngineError, JobCancelled
+from rollout.errors import EngineError, JobCancelled, first_line
 from rollout.jobs.spec import JobSpec
 from rollout.runtime.actor import EngineWorker, actor_env, release_resource_group
 from rollout.runtime.shard import ShardResult, ShardTask
@@ -91,9 +91,9 @@ class ShardPool:
         if self.restarts > self._max_restarts:
             raise EngineError(
                 f"engine actors died {self.restarts} times in this run (pool.max_actor_restarts "
-                f"is {self._max_restarts}); last: {_first_line(exc)}"
+                f"is {self._max_restarts}); last: {first_line(exc)}"
             )
-        print(f"[rollout] actor {i} died ({_first_line(exc)}); starting a new one, {what}",
+        print(f"[rollout] actor {i} died ({first_line(exc)}); starting a new one, {what}",
               file=sys.stderr, flush=True)  # fmt: skip
         release_resource_group(self.actors[i]._actor_id.hex())
         self.actors[i] = self._cls.remote(*self._args)
@@ -187,7 +187,7 @@ class ShardPool:
                     if attempts[task.shard_id] > self._max_retries:
                         raise EngineError(
                             f"shard {task.shard_id} (rows {task.start}..{task.end - 1}) lost its actor "
-                            f"{attempts[task.shard_id]} times; last: {_first_line(exc)}"
+                            f"{attempts[task.shard_id]} times; last: {first_line(exc)}"
                         ) from None
                     queue.appendleft(task)
                     continue
@@ -265,9 +265,4 @@ def _creation_error(exc: BaseException) -> str:
     """The error an actor's constructor raised, from the traceback Ray keeps as text."""
     text = str(getattr(exc, "error_msg", "") or exc)
     found = re.findall(r"^rollout\.errors\.\w+: (.+)$", text, flags=re.M)
-    return found[-1] if found else _first_line(exc)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
+    return found[-1] if found else first_line(exc)

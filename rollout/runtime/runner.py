@@ -23,7 +23,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import pyarrow.parquet as pq
 
@@ -279,9 +279,7 @@ class JobRunner:
             except BaseException:
                 manifest.save(self.out)  # stopped or failed: the snapshot holds what was recorded
                 raise
-            self.backups = pool.backups
-            self.latency = sorted(pool.dispatch_latency)
-            return self._finish(manifest, resumed, started, pool.restarts)
+            return self._finish(manifest, resumed, started, pool)
         finally:
             pool.shutdown()
 
@@ -385,9 +383,7 @@ class JobRunner:
         self._prompt_tokens += result.prompt_tokens
         self._output_tokens += result.output_tokens
 
-    def _finish(
-        self, manifest: Manifest, resumed: int, started: float, restarts: int
-    ) -> RunSummary:
+    def _finish(self, manifest: Manifest, resumed: int, started: float, pool: Any) -> RunSummary:
         staging = self.out / STAGING
         hashes_digest = determinism.run_digest(self._row_hashes(manifest, staging))
         manifest.rows = sum(s.rows or 0 for s in manifest.shards)
@@ -405,6 +401,7 @@ class JobRunner:
         manifest.status = "complete"
         manifest.save(self.out)
         seconds = time.monotonic() - started
+        latency = sorted(pool.dispatch_latency)
         summary = RunSummary(
             output=str(self.out),
             config_hash=manifest.config_hash,
@@ -418,11 +415,11 @@ class JobRunner:
             output_tokens=self._output_tokens,
             seconds=seconds,
             output_tokens_per_s=self._output_tokens / seconds if seconds else 0.0,
-            actor_restarts=restarts,
-            backup_copies=getattr(self, "backups", 0),
+            actor_restarts=pool.restarts,
+            backup_copies=pool.backups,
             driver_cpu_s=time.process_time() - self._cpu_started,
-            dispatch_latency_p50_ms=_quantile(getattr(self, "latency", []), 0.5) * 1000,
-            dispatch_latency_p99_ms=_quantile(getattr(self, "latency", []), 0.99) * 1000,
+            dispatch_latency_p50_ms=_quantile(latency, 0.5) * 1000,
+            dispatch_latency_p99_ms=_quantile(latency, 0.99) * 1000,
         )
         write_json_atomic(self.out / STATS, asdict(summary))
         return summary
