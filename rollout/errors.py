@@ -50,6 +50,11 @@ class EngineLost(EngineError):
     holding it must be replaced, and its work retried elsewhere."""
 
 
+class ClusterLost(RolloutError):
+    """The Ray runtime cannot be reached (never was, or went away mid-job). Complete shards
+    are kept: rerunning (or resubmitting) the job once Ray is back resumes it."""
+
+
 class JobCancelled(RolloutError):
     """A job was cancelled while it ran; its complete shards are kept."""
 

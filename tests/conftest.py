@@ -48,7 +48,7 @@ def ray_runtime():
     """A real local Ray runtime, started once, as `rollout run` starts it."""
     import ray
 
-    from rollout.runtime.runner import connect_ray
+    from rollout.runtime import cluster
 
     # Processes started from here on (Ray's workers among them) find the fake deepinfer
     # and nvidia-smi of tests/fakes; this process does not (its sys.path is fixed), so
@@ -57,6 +57,6 @@ def ray_runtime():
         filter(None, [str(FAKES), os.environ.get("PYTHONPATH")])
     )
     os.environ["PATH"] = f"{FAKES / 'bin'}{os.pathsep}{os.environ['PATH']}"
-    connect_ray(None)
+    cluster.connect(None)
     yield ray
     ray.shutdown()

@@ -72,10 +72,10 @@ class Server:
             raise OSError(f"cannot listen on {address}")
 
     def start(self) -> list[str]:
-        from rollout.runtime.runner import connect_ray
+        from rollout.runtime import cluster
 
         # The service owns the Ray driver: connect once, here, before taking jobs.
-        connect_ray(self.manager.ray_address)
+        cluster.connect(self.manager.ray_address)
         resumed = self.manager.start()
         self.grpc.start()
         for name in ("", SERVICE_NAME):

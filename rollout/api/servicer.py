@@ -12,7 +12,7 @@ import grpc
 from google.protobuf import json_format, struct_pb2
 
 from rollout.api.proto import modules
-from rollout.errors import AccessError, ConfigError, InputError, RolloutError
+from rollout.errors import AccessError, ClusterLost, ConfigError, InputError, RolloutError
 from rollout.runtime.manifest import Manifest
 from rollout.service.manager import JobManager, NotFound
 from rollout.service.store import FINAL, STATES, JobRecord
@@ -30,6 +30,8 @@ def status_of(exc: BaseException) -> grpc.StatusCode:
         return grpc.StatusCode.PERMISSION_DENIED
     if isinstance(exc, NotFound):
         return grpc.StatusCode.NOT_FOUND
+    if isinstance(exc, ClusterLost):
+        return grpc.StatusCode.UNAVAILABLE
     if isinstance(exc, RolloutError):
         return grpc.StatusCode.FAILED_PRECONDITION
     return grpc.StatusCode.INTERNAL

@@ -108,14 +108,15 @@ def repeat_job(
     announce: Any = None,
 ) -> RepeatReport:
     """Run `spec` `times` times into out_root/run-<i>, then count distinct outputs per row."""
-    from rollout.runtime.runner import JobRunner, connect_ray
+    from rollout.runtime import cluster
+    from rollout.runtime.runner import JobRunner
 
     if times < 2:
         raise ConfigError("times", times, "must be >= 2 to compare anything")
     out_root = out_root.expanduser().resolve()
     if out_root.exists() and any(out_root.iterdir()):
         raise ConfigError("out", str(out_root), "exists and is not empty; repeat needs fresh runs")
-    connect_ray(ray_address)
+    cluster.connect(ray_address)
     limit = max_actors_available(spec)
     runs = []
     for i in range(times):

@@ -165,10 +165,10 @@ def _regenerate(
     cancel: threading.Event | None,
 ) -> dict:
     """Run the sample's shard tasks on an engine pool; return the engines' fingerprint."""
+    from rollout.runtime import cluster
     from rollout.runtime.pool import ShardPool
-    from rollout.runtime.runner import connect_ray
 
-    connect_ray(ray_address)
+    cluster.connect(ray_address)
     pool = ShardPool.for_job(
         spec, str(folder), counts, max(1, min(actors or spec.pool.actors, len(tasks)))
     )

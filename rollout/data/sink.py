@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import uuid
@@ -91,9 +92,14 @@ def write_atomic(table: pa.Table, path: Path) -> None:
     The temporary name is unique per writer: two copies of a shard (a straggler's backup)
     may write the same file at once, and each renames whole bytes into place."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
-    pq.write_table(table, tmp, compression="zstd", row_group_size=ROW_GROUP_ROWS)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
+    try:
+        pq.write_table(table, tmp, compression="zstd", row_group_size=ROW_GROUP_ROWS)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+    except BaseException:  # a full disk: give back what the partial file took
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
     from rollout.runtime import faults
 
     faults.point("during_write")

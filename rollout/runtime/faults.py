@@ -2,7 +2,8 @@
 
 ROLLOUT_FAULT="<point>:<shard_id>:<marker file>" makes the process that reaches that
 point of that shard fail there, once: the marker file is created first, so the retry
-(or the resumed run) passes the point normally. Points, in the order a shard meets them:
+(or the resumed run) passes the point normally. Several faults are separated by ";".
+Points, in the order a shard meets them:
 
   before_first_row  the actor, before it reads the shard's rows       -> SIGKILL itself
   mid_generation    the engine, after its first generation step       -> SIGKILL itself
@@ -10,6 +11,11 @@ point of that shard fail there, once: the marker file is created first, so the r
   after_write       the actor, shard file in place, result not sent   -> SIGKILL itself
   after_record      the driver, shard recorded in the journal         -> SIGKILLs the actor
   write_enospc      the actor, writing the shard                      -> OSError(ENOSPC)
+
+ROLLOUT_FAULT_KILL=service kills the service (the Ray driver) instead, at the same
+points: an actor that reaches an armed point SIGKILLs the driver and then itself (work
+stops right there, as when the whole service dies), and the driver SIGKILLs itself
+after recording. The driver's pid reaches the actors as ROLLOUT_FAULT_DRIVER_PID.
 
 The checks cost one dictionary lookup when the variable is unset.
 """
@@ -22,6 +28,8 @@ import signal
 from pathlib import Path
 
 ENV = "ROLLOUT_FAULT"
+KILL_ENV = "ROLLOUT_FAULT_KILL"  # "actor" (default) or "service"
+DRIVER_PID_ENV = "ROLLOUT_FAULT_DRIVER_PID"
 POINTS = ("before_first_row", "mid_generation", "during_write", "after_write", "after_record",
           "write_enospc")  # fmt: skip
 _current_shard: int | None = None
@@ -37,15 +45,21 @@ def _armed(point: str, shard_id: int | None) -> bool:
     spec = os.environ.get(ENV)
     if not spec:
         return False
-    name, sid, marker = spec.split(":", 2)
     shard = _current_shard if shard_id is None else shard_id
-    if name != point or shard is None or int(sid) != shard:
-        return False
-    try:  # once: whoever creates the marker fails, every later pass goes through
-        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-    except FileExistsError:
-        return False
-    return True
+    for entry in spec.split(";"):
+        name, sid, marker = entry.split(":", 2)
+        if name != point or shard is None or int(sid) != shard:
+            continue
+        try:  # once: whoever creates the marker fails, every later pass goes through
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            continue
+        return True
+    return False
+
+
+def _kills_service() -> bool:
+    return os.environ.get(KILL_ENV) == "service"
 
 
 def point(name: str, shard_id: int | None = None) -> None:
@@ -53,19 +67,26 @@ def point(name: str, shard_id: int | None = None) -> None:
     if _armed(name, shard_id):
         if name == "write_enospc":
             raise OSError(errno.ENOSPC, "No space left on device (injected)")
+        if _kills_service():
+            os.kill(int(os.environ[DRIVER_PID_ENV]), signal.SIGKILL)
         os.kill(os.getpid(), signal.SIGKILL)
 
 
 def after_record(shard_id: int, pid: int) -> None:
-    """The driver recorded `shard_id`: kill the actor process that made it, if armed."""
+    """The driver recorded `shard_id`: kill the actor process that made it (or the
+    driver itself, under ROLLOUT_FAULT_KILL=service), if armed."""
     if _armed("after_record", shard_id):
-        os.kill(pid, signal.SIGKILL)
+        os.kill(os.getpid() if _kills_service() else pid, signal.SIGKILL)
 
 
 def env() -> dict[str, str]:
-    """ROLLOUT_FAULT for the actors, when the driver has it."""
-    return {ENV: os.environ[ENV]} if os.environ.get(ENV) else {}
+    """The fault variables for the actors, when the driver has them."""
+    if not os.environ.get(ENV):
+        return {}
+    return {ENV: os.environ[ENV], KILL_ENV: os.environ.get(KILL_ENV, "actor"),
+            DRIVER_PID_ENV: str(os.getpid())}  # fmt: skip
 
 
-def marker_exists(spec: str) -> bool:
-    return Path(spec.split(":", 2)[2]).exists()
+def fired(spec: str) -> list[str]:
+    """The points of `spec` whose marker exists (they fired)."""
+    return [e.split(":", 2)[0] for e in spec.split(";") if Path(e.split(":", 2)[2]).exists()]

@@ -26,6 +26,7 @@ from ray.exceptions import RayActorError, RayTaskError
 
 from rollout.errors import EngineError, JobCancelled, first_line
 from rollout.jobs.spec import JobSpec
+from rollout.runtime import cluster
 from rollout.runtime.actor import EngineWorker, actor_env, release_resource_group
 from rollout.runtime.shard import ShardResult, ShardTask
 
@@ -68,6 +69,7 @@ class ShardPool:
         self.dispatch_latency: deque[float] = deque(maxlen=100_000)
         self.actors: list[Any] = [self._cls.remote(*self._args) for _ in range(size)]
         self.restarts = 0
+        self.lost = False  # the Ray runtime went away: nothing more to ask of it
         self.fingerprint: dict | None = None
         self._starting: dict[int, Any] = {}  # actor slot -> its fingerprint ref, until ready
 
@@ -78,6 +80,7 @@ class ShardPool:
         except RayTaskError as exc:
             raise _cause(exc) from None
         except RayActorError as exc:
+            self._check_cluster(exc)
             raise EngineError(f"an engine actor failed to start: {_creation_error(exc)}") from None
         if any(fp != prints[0] for fp in prints):
             raise EngineError(
@@ -86,7 +89,14 @@ class ShardPool:
         self.fingerprint = prints[0]
         return prints[0]
 
+    def _check_cluster(self, exc: BaseException) -> None:
+        """An actor is gone: if the whole Ray runtime went with it, stop (ClusterLost)."""
+        if not cluster.reachable():
+            self.lost = True
+            raise cluster.lost(exc) from None
+
     def _replace(self, i: int, exc: BaseException, what: str) -> None:
+        self._check_cluster(exc)
         self.restarts += 1
         if self.restarts > self._max_restarts:
             raise EngineError(
@@ -249,6 +259,8 @@ class ShardPool:
 
     def shutdown(self, timeout: float = 60.0) -> None:
         """Close every engine (freeing what it reserved), then end the actors."""
+        if self.lost:  # the runtime took the actors with it
+            return
         closing = [a.close.remote() for a in self.actors]
         ray.wait(closing, num_returns=len(closing), timeout=timeout)
         for actor in self.actors:

@@ -13,6 +13,7 @@ Layout of a run directory:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import json
@@ -31,10 +32,10 @@ from rollout import determinism
 from rollout.data.prompts import check_columns
 from rollout.data.sink import file_sha256, fsync_dir, verify_shard_file
 from rollout.data.sources import Source
-from rollout.errors import ConfigError, InputError
+from rollout.errors import ConfigError, InputError, OutputError
 from rollout.jobs.config_diff import config_diff
 from rollout.jobs.spec import JobSpec
-from rollout.runtime import faults
+from rollout.runtime import cluster, faults
 from rollout.runtime.manifest import JOB, STATS, Manifest, ShardEntry, write_json_atomic
 from rollout.runtime.shard import ShardResult, ShardTask
 
@@ -158,24 +159,6 @@ def _report_duplicate(source: Source, column: str, hashes: set[int]) -> None:
             row += 1
 
 
-def connect_ray(address: str | None) -> None:
-    """Join the Ray cluster at `address`, or start a local runtime (once per process)."""
-    import ray
-
-    if ray.is_initialized():
-        return
-    if address:
-        ray.init(address=address, logging_level="ERROR")
-    else:
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        ray.init(
-            num_cpus=os.cpu_count(),
-            object_store_memory=256 * 1024 * 1024,
-            include_dashboard=False,
-            logging_level="ERROR",
-        )
-
-
 def _quantile(sorted_values: list[float], q: float) -> float:
     if not sorted_values:
         return 0.0
@@ -229,7 +212,8 @@ class JobRunner:
         if spec.id_column:
             check_unique_ids(source, spec.id_column)
         existing = self._existing_manifest()
-        self._lock()
+        with self._writing("the output directory cannot be written"):
+            self._lock()
         try:
             return self._run_locked(source, counts, existing, started)
         finally:
@@ -240,7 +224,7 @@ class JobRunner:
     ) -> RunSummary:
         spec = self.spec
         input_fp = source.fingerprint()
-        connect_ray(self.ray_address)
+        cluster.connect(self.ray_address)
         from rollout.runtime.pool import ShardPool
 
         # Re-hash a previous run's complete shards before the engines take the CPUs.
@@ -248,10 +232,11 @@ class JobRunner:
         pool = ShardPool.for_job(spec, str(self.out / STAGING), counts)
         try:
             config = spec.config_view(input_fp, pool.engine_fingerprint())
-            manifest, resumed = self._prepare(
-                existing, config, determinism.config_hash(config), sum(counts)
-            )
-            write_json_atomic(self.out / JOB, spec.model_dump(mode="json"))
+            with self._writing("the run could not be started"):
+                manifest, resumed = self._prepare(
+                    existing, config, determinism.config_hash(config), sum(counts)
+                )
+                write_json_atomic(self.out / JOB, spec.model_dump(mode="json"))
             if self.progress:
                 self.progress.start(manifest)
             by_id = {s.shard_id: s for s in manifest.shards}
@@ -264,29 +249,50 @@ class JobRunner:
                     done = [dataclasses.replace(by_id[r.shard_id], complete=True, rows=r.rows,
                                                 shard_digest=r.shard_digest, skipped=r.skipped,
                                                 file_sha256=r.file_sha256) for r in batch]  # fmt: skip
-                    Manifest.record(self.out, done)  # durable: one append per batch
+                    with self._writing(
+                        f"shards {[e.shard_id for e in done]} could not be recorded"
+                    ):
+                        Manifest.record(self.out, done)  # durable: one append per batch
                     for entry in done:  # recorded: now part of the run
                         by_id[entry.shard_id].__dict__.update(entry.__dict__)
                     for result in batch:
                         faults.after_record(result.shard_id, result.pid)
                     if time.monotonic() - snapshot_at >= SNAPSHOT_EVERY_S:
-                        manifest.save(self.out)
+                        with self._writing("the manifest snapshot could not be written"):
+                            manifest.save(self.out)
                         snapshot_at = time.monotonic()
                     for result in batch:
                         self._count(result)
                         if self.progress:
                             self.progress.shard_done(result, manifest)
             except BaseException:
-                manifest.save(self.out)  # stopped or failed: the snapshot holds what was recorded
+                try:  # stopped or failed: the snapshot holds what was recorded
+                    manifest.save(self.out)
+                except OSError as exc:  # the output is full or read-only: the journal still is
+                    print(f"[rollout] the manifest snapshot could not be written ({exc}); "
+                          "shards.jsonl keeps what was recorded", file=sys.stderr)  # fmt: skip
                 raise
-            return self._finish(manifest, resumed, started, pool)
+            with self._writing("the finished run could not be written"):
+                return self._finish(manifest, resumed, started, pool)
         finally:
             pool.shutdown()
+
+    @contextlib.contextmanager
+    def _writing(self, what: str):
+        """The driver's writes to the run directory: a full or read-only filesystem is the
+        output's fault, said as such (OutputError), never an internal error."""
+        try:
+            yield
+        except OSError as exc:
+            raise OutputError(f"output {self.out}", f"{what}: {exc}") from None
 
     def _lock(self) -> None:
         """Hold `.lock` in the output directory for the whole run: one writer per directory."""
         self.out.mkdir(parents=True, exist_ok=True)
-        self._lock_file = open(self.out / ".lock", "a+")  # noqa: SIM115 - held while the runner lives
+        # opened read-only: a lock held open for writing would keep the filesystem from
+        # being remounted read-only (EBUSY) while a run holds it
+        fd = os.open(self.out / ".lock", os.O_RDONLY | os.O_CREAT, 0o644)
+        self._lock_file = os.fdopen(fd, "r")  # noqa: SIM115 - held while the runner lives
         try:
             fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -17,7 +17,14 @@ from typing import Any
 from rollout.data.prompts import check_columns
 from rollout.data.sources import Source
 from rollout.engines import engine_class
-from rollout.errors import AccessError, ConfigError, InputError, JobCancelled, RolloutError
+from rollout.errors import (
+    AccessError,
+    ClusterLost,
+    ConfigError,
+    InputError,
+    JobCancelled,
+    RolloutError,
+)
 from rollout.jobs.spec import JobSpec, parse_job_spec
 from rollout.runtime.runner import JobRunner
 from rollout.service.store import JobRecord, JobStore
@@ -179,6 +186,11 @@ class JobManager:
                 self.store.update(job_id, state="QUEUED")
             else:
                 self.store.update(job_id, state="CANCELLED", finished_at=time.time())
+        except ClusterLost as exc:  # the next job joins the runtime anew
+            self.store.update(job_id, state="FAILED", finished_at=time.time(), error=str(exc))
+            from rollout.runtime import cluster
+
+            cluster.disconnect()
         except RolloutError as exc:
             self.store.update(job_id, state="FAILED", finished_at=time.time(), error=str(exc))
         except Exception as exc:  # a bug, not the user's input: say so, keep the trace

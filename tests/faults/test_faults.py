@@ -3,6 +3,7 @@ and every (row_index, sample_index) exactly once (rollout/runtime/faults.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -113,52 +114,203 @@ def test_corrupted_complete_shard_is_regenerated_on_resume(
 SERVE = [sys.executable, "-m", "rollout.cli.main", "serve"]
 
 
-def test_service_killed_mid_job_and_restarted(inp, clean_digest, tmp_path):
-    """SIGKILL the service while a job runs (shards recorded, others in flight), restart it:
-    the job resumes from its run directory and ends with the undisturbed digest."""
+def start_service(root: Path, state: Path, env: dict[str, str] | None = None,
+                  args: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:  # fmt: skip
+    """A `rollout serve` process on a free loopback port, once it answers SERVING."""
+    from rollout.client import RolloutClient
+    from tests.cli.test_serve import free_port
+
+    address = f"127.0.0.1:{free_port()}"
+    proc = subprocess.Popen(SERVE + ["--address", address, "--state-dir", str(state),
+                                     "--data-root", str(root), *args],
+                            env={**os.environ, **(env or {})}, start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            with RolloutClient(address, timeout=2) as probe:
+                if probe.health() == "SERVING":
+                    return proc, address
+        except Exception:  # not listening yet
+            time.sleep(0.3)
+    proc.kill()
+    raise AssertionError("the service did not start")
+
+
+KILL_POINTS = ("before_first_row", "mid_generation", "during_write", "after_write", "after_record")
+
+
+def test_service_killed_at_each_point_of_a_shard_and_restarted(inp, clean_digest, tmp_path):
+    """One job; the service is SIGKILLed five times, once at each point of a shard (shards
+    1..5), and restarted each time: the job resumes from its run directory and ends with
+    the undisturbed digest, every row exactly once, no temporary file left."""
+    import grpc
+
     from rollout.client import RolloutClient, state_name
 
     root = inp.parent
     state = tmp_path / "state"
     spec = job(inp, root / "svc-run")
-    spec["engine"]["options"]["tokens_per_s"] = 100  # slow enough to be killed mid-job
+    spec["pool"]["actors"] = 1  # one shard at a time: one kill per service life
+    plan = ";".join(f"{p}:{i + 1}:{tmp_path / p}" for i, p in enumerate(KILL_POINTS))
+    env = {faults.ENV: plan, faults.KILL_ENV: "service"}
+    job_id, last, kills = None, None, 0
+    while last is None and kills <= len(KILL_POINTS):
+        proc, address = start_service(root, state, env)
+        try:
+            with RolloutClient(address) as client:
+                job_id = job_id or client.submit(spec).job_id
+                last = list(client.watch(job_id))[-1]
+                assert client.health() == "SERVING"
+        except grpc.RpcError:  # the service died under the watch
+            assert proc.wait(30) == -signal.SIGKILL
+            kills += 1
+            # what a supervisor does (systemd's KillMode=control-group): Ray's agents
+            # outlive a SIGKILLed driver, so take its whole process group down
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+                proc.wait(60)
+    assert faults.fired(plan) == list(KILL_POINTS) and kills == len(KILL_POINTS)
+    assert last is not None and state_name(last) == "SUCCEEDED", last
+    assert last.run_digest == clean_digest
+    exactly_once(root / "svc-run", clean_digest)
+    assert not list((root / "svc-run" / "data").glob(".*"))
 
-    def start() -> tuple[subprocess.Popen, str]:
-        from tests.cli.test_serve import free_port
 
-        address = f"127.0.0.1:{free_port()}"
-        proc = subprocess.Popen(SERVE + ["--address", address, "--state-dir", str(state),
-                                         "--data-root", str(root)])  # fmt: skip
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                with RolloutClient(address, timeout=2) as probe:
-                    if probe.health() == "SERVING":
-                        return proc, address
-            except Exception:  # not listening yet
-                time.sleep(0.3)
-        proc.kill()
-        raise AssertionError("the service did not start")
+@pytest.fixture
+def small_fs(tmp_path):
+    """A real 1 MiB tmpfs (needs root or CAP_SYS_ADMIN; elsewhere the injected ENOSPC test
+    above still covers the writer)."""
+    mount = tmp_path / "fs"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "rollout-test", str(mount)],
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
 
-    proc, address = start()
+
+def remount(mount: Path, mode: str) -> None:
+    """Remount `mount` ro or rw; a remount to ro waits out a file open for writing (EBUSY)."""
+    for _ in range(200):
+        if subprocess.run(["mount", "-o", f"remount,{mode}", str(mount)], capture_output=True,
+                          check=False).returncode == 0:  # fmt: skip
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"could not remount {mount} {mode}")
+
+
+def recorded_shards_verify(run: Path) -> list[int]:
+    """The shards the failed run recorded; each one's file is whole and matches its digest."""
+    from rollout.data.sink import verify_shard_file
+
+    manifest = Manifest.load(run)
+    assert manifest is not None and not (run / "data").exists()
+    done = [e for e in manifest.shards if e.complete]
+    for entry in done:
+        assert verify_shard_file(run / ".incomplete" / entry.file) == (
+            entry.shard_digest,
+            entry.rows,
+        )
+    return [e.shard_id for e in done]
+
+
+def test_output_filesystem_full_then_read_only(inp, clean_digest, small_fs, tmp_path):
+    """On a real tmpfs, through the service: a full disk, then a read-only remount mid-job.
+    Each job fails with the reason, records only shards it wrote whole, and the service
+    keeps serving; once space is freed (or the filesystem writable again), resubmitting
+    the spec resumes the run to the undisturbed digest."""
+    from rollout.client import RolloutClient, state_name
+
+    filler = small_fs / "filler"
+    free = os.statvfs(small_fs).f_bavail * os.statvfs(small_fs).f_frsize
+    filler.write_bytes(b"\0" * (free - 40 * 1024))  # room for the manifest and two shards
+    proc, address = start_service(inp.parent, tmp_path / "state",
+                                  args=("--data-root", str(inp.parent), "--data-root", str(small_fs)))  # fmt: skip
     try:
+        with RolloutClient(address) as client:
+            full = job(inp, small_fs / "full-run")
+            last = list(client.watch(client.submit(full).job_id))[-1]
+            assert state_name(last) == "FAILED" and "No space left on device" in last.error
+            assert str(small_fs / "full-run") in last.error
+            assert len(recorded_shards_verify(small_fs / "full-run")) < ROWS // SHARD
+            filler.unlink()  # space freed
+            last = list(client.watch(client.submit(full).job_id))[-1]
+            assert state_name(last) == "SUCCEEDED" and last.run_digest == clean_digest
+            exactly_once(small_fs / "full-run", clean_digest)
+
+            ro = job(inp, small_fs / "ro-run")
+            ro["engine"]["options"]["tokens_per_s"] = 100  # slow enough to change the fs mid-job
+            job_id = client.submit(ro).job_id
+            for update in client.watch(job_id):
+                if update.progress.shards_done >= 2:
+                    break
+            remount(small_fs, "ro")
+            last = list(client.watch(job_id))[-1]
+            assert state_name(last) == "FAILED" and "Read-only file system" in last.error
+            assert 2 <= len(recorded_shards_verify(small_fs / "ro-run")) < ROWS // SHARD
+            remount(small_fs, "rw")
+            last = list(client.watch(client.submit(ro).job_id))[-1]
+            assert state_name(last) == "SUCCEEDED" and last.run_digest == clean_digest
+            exactly_once(small_fs / "ro-run", clean_digest)
+            assert client.health() == "SERVING"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
+
+
+def ray_head(port: int) -> subprocess.Popen:
+    """A Ray cluster of its own (a head node in its own session, so that killing the
+    session takes the GCS, the raylet and every worker, and nothing of the tests' Ray)."""
+    ray = Path(sys.executable).with_name("ray")
+    return subprocess.Popen([str(ray), "start", "--head", "--block", f"--port={port}", "--num-cpus=2",
+                             "--include-dashboard=false", "--disable-usage-stats"],
+                            start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)  # fmt: skip
+
+
+def test_ray_runtime_lost_mid_job_fails_cleanly_and_resumes(inp, clean_digest, tmp_path):
+    """The service joins a separate Ray cluster; the whole cluster is killed mid-job. The
+    job fails with the reason (not an internal error, not a hang), the service keeps
+    serving, and once the cluster is back, resubmitting the spec resumes to the digest."""
+    from rollout.client import RolloutClient, state_name
+    from tests.cli.test_serve import free_port
+
+    port = free_port()
+    head = ray_head(port)
+    proc = None
+    try:
+        proc, address = start_service(inp.parent, tmp_path / "state",
+                                      args=("--ray-address", f"127.0.0.1:{port}"))  # fmt: skip
+        spec = job(inp, inp.parent / "lost-run")
+        spec["engine"]["options"]["tokens_per_s"] = 100  # slow enough to lose Ray mid-job
         with RolloutClient(address) as client:
             job_id = client.submit(spec).job_id
             for update in client.watch(job_id):
                 if update.progress.shards_done >= 2:
                     break
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(30)
-        proc, address = start()
-        with RolloutClient(address) as client:
+            os.killpg(head.pid, signal.SIGKILL)  # the cluster is gone
+            head.wait(30)
             last = list(client.watch(job_id))[-1]
+            assert state_name(last) == "FAILED", last
+            assert "the Ray runtime at" in last.error and "was lost mid-job" in last.error
+            assert "internal error" not in last.error
+            assert client.health() == "SERVING"
+            assert 2 <= len(recorded_shards_verify(inp.parent / "lost-run")) < ROWS // SHARD
+            head = ray_head(port)  # Ray is back
+            last = list(client.watch(client.submit(spec).job_id))[-1]
             assert state_name(last) == "SUCCEEDED", last.error
             assert last.run_digest == clean_digest
-            assert client.health() == "SERVING"
-        exactly_once(root / "svc-run", clean_digest)
+        exactly_once(inp.parent / "lost-run", clean_digest)
     finally:
-        proc.send_signal(signal.SIGINT)
-        proc.wait(60)
+        if proc is not None:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(60)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(head.pid, signal.SIGKILL)
 
 
 def test_fault_points_are_documented():

@@ -1,0 +1,73 @@
+"""The driver's connection to Ray: joining (or starting) a runtime, and telling a lost
+runtime from a lost actor.
+
+When the Ray runtime goes away under a job (its head node stopped, the network between
+the driver and the cluster cut), every actor call fails at once. The pool asks
+`reachable()` before it replaces a dead actor: if the cluster's GCS does not answer, the
+job stops with ClusterLost instead of retrying shards into the void, its complete shards
+are kept, and `disconnect()` drops the dead connection so that the next job (or the
+rerun that resumes this one) joins the runtime afresh.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from rollout.errors import ClusterLost, first_line
+
+
+def connect(address: str | None) -> None:
+    """Join the Ray cluster at `address`, or start a local runtime (once per process)."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    try:
+        if address:
+            ray.init(address=address, logging_level="ERROR")
+        else:
+            os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+            ray.init(
+                address="local",  # a runtime of our own, never one `ray start` left behind
+                num_cpus=os.cpu_count(),
+                object_store_memory=256 * 1024 * 1024,
+                include_dashboard=False,
+                logging_level="ERROR",
+            )
+    except (ConnectionError, TimeoutError, RuntimeError) as exc:
+        where = f"the Ray cluster at {address}" if address else "a local Ray runtime"
+        raise ClusterLost(f"cannot reach {where}: {first_line(exc)}") from None
+
+
+def gcs_address() -> str:
+    import ray
+
+    return ray.get_runtime_context().gcs_address
+
+
+def reachable(timeout: float = 2.0) -> bool:
+    """Whether the connected cluster's GCS accepts a connection."""
+    host, _, port = gcs_address().rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def lost(cause: BaseException) -> ClusterLost:
+    return ClusterLost(
+        f"the Ray runtime at {gcs_address()} was lost mid-job (its GCS does not answer; "
+        f"last error: {first_line(cause)}); complete shards are kept: run the job again "
+        "once Ray is back, and it resumes"
+    )
+
+
+def disconnect() -> None:
+    """Drop this process's connection to Ray (after it was lost), so that the next
+    `connect` joins the runtime anew."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
