@@ -10,7 +10,8 @@ with RolloutClient("127.0.0.1:50051") as client:
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +121,21 @@ class RolloutClient:
         stub = health_pb2_grpc.HealthStub(self._channel)
         resp = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=self.timeout)
         return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+
+
+def wait_until_serving(address: str, timeout: float = 120.0,
+                       alive: Callable[[], bool] = lambda: True) -> bool:  # fmt: skip
+    """Poll the health check at `address` until it answers SERVING (True), `timeout`
+    seconds pass or `alive()` turns false, e.g. the server process exited (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and alive():
+        try:
+            with RolloutClient(address, timeout=2) as probe:
+                if probe.health() == "SERVING":
+                    return True
+        except grpc.RpcError:  # not listening yet
+            time.sleep(0.3)
+    return False
 
 
 def state_name(job: Any) -> str:

@@ -6,8 +6,10 @@ part of a public interface. Never change v1; add a v2 beside it.
 
 from __future__ import annotations
 
+import array
 import hashlib
 import json
+import sys
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
@@ -30,7 +32,13 @@ def seq_seed(job_seed: int, example_id: str, sample_index: int) -> int:
 
 def token_hash(token_ids: Sequence[int] | np.ndarray) -> str:
     """sha256 of token ids as little-endian int32: `prompt_hash` and `output_hash`."""
+    if _NATIVE_LE_INT32 and type(token_ids) is list:  # the common case, without numpy's overhead
+        return hashlib.sha256(array.array("i", token_ids).tobytes()).hexdigest()
     return hashlib.sha256(np.asarray(token_ids, dtype="<i4").tobytes()).hexdigest()
+
+
+# array("i") is the platform's C int: the same bytes as "<i4" where that is 4 little-endian bytes
+_NATIVE_LE_INT32 = sys.byteorder == "little" and array.array("i").itemsize == 4
 
 
 def row_hash(

@@ -60,8 +60,10 @@ class RowBuffer:
         self.columns = {name: [] for name in self.schema.names}
 
     def add(self, **values: Any) -> str:
-        """Append one row; computes and returns its row_hash."""
-        values["prompt_hash"] = determinism.token_hash(values["prompt_token_ids"])
+        """Append one row; computes and returns its row_hash. A `prompt_hash` given is the
+        one of `prompt_token_ids` already computed (the n samples of a row share it)."""
+        if values.get("prompt_hash") is None:
+            values["prompt_hash"] = determinism.token_hash(values["prompt_token_ids"])
         values["output_hash"] = determinism.token_hash(values["output_token_ids"])
         values["row_hash"] = determinism.row_hash(
             values["example_id"],
@@ -71,8 +73,9 @@ class RowBuffer:
             values["output_hash"],
             values["finish_reason"],
         )
+        get = values.get
         for name, col in self.columns.items():
-            col.append(values.get(name))
+            col.append(get(name))
         return values["row_hash"]
 
     def table(self) -> pa.Table:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollout.determinism import FinishReason
+from rollout.errors import ConfigError, InputError
 from rollout.sampling_params import SamplingParams
 
 
@@ -42,23 +43,24 @@ class GenerationResult:
 def prepare_prompt(request: GenerationRequest, max_model_len: int) -> list[int]:
     """The prompt tokens an engine feeds (after truncate_prompt_tokens), checked the same
     way by every engine: not empty, room left in the context, a uint64 seed."""
-    from rollout.errors import ConfigError, InputError
-
-    where = f"request {request.request_id!r}: prompt_token_ids"
-    prompt = [int(t) for t in request.prompt_token_ids]
+    prompt = list(map(int, request.prompt_token_ids))
     if request.params.truncate_prompt_tokens is not None:
         prompt = prompt[-request.params.truncate_prompt_tokens :]
     if not prompt:
-        raise InputError(where, "the prompt is empty (0 tokens)")
+        raise InputError(_where(request), "the prompt is empty (0 tokens)")
     if len(prompt) >= max_model_len:
         raise InputError(
-            where,
+            _where(request),
             f"the prompt has {len(prompt)} tokens, which leaves no room in the context of "
             f"{max_model_len} tokens (max_model_len); shorten it or set truncate_prompt_tokens",
         )
     if not 0 <= request.seq_seed < 2**64:
         raise ConfigError("seq_seed", request.seq_seed, f"must be a uint64, got {request.seq_seed}")
     return prompt
+
+
+def _where(request: GenerationRequest) -> str:
+    return f"request {request.request_id!r}: prompt_token_ids"
 
 
 class Engine(ABC):

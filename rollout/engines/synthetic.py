@@ -176,13 +176,17 @@ class SyntheticEngine(Engine):
         width = max(room)
         h = _splitmix(key[:, None] ^ _splitmix(np.arange(width, dtype=np.uint64))[None, :])
         ids = (FIRST_WORD + h % np.uint64(o.vocab_size - FIRST_WORD)).astype(np.int32)
-        lps = -((h >> np.uint64(20)) % np.uint64(1000)).astype(np.float32) / np.float32(100)
         results, tokens_out = [], 0
+        all_ids = ids.tolist()  # one conversion for the batch: cheaper than one per row
+        all_lps = None
+        if any(r.params.logprobs for r in requests):
+            lps = -((h >> np.uint64(20)) % np.uint64(1000)).astype(np.float32) / np.float32(100)
+            all_lps = lps.tolist()
         for i, r in enumerate(requests):
             params = r.params
             eos_at = natural[i] if not params.ignore_eos and natural[i] <= room[i] else 0
             n = eos_at or room[i]
-            row = ids[i, :n].tolist()
+            row = all_ids[i][:n]
             if eos_at:
                 row[-1] = EOS
             if params.stop or params.stop_token_ids:  # the shared rules, token by token
@@ -207,7 +211,7 @@ class SyntheticEngine(Engine):
             results.append(GenerationResult(
                 request_id=r.request_id, prompt_token_ids=prompts[i], output_token_ids=out,
                 output_text=text, finish_reason=finish,
-                output_logprobs=lps[i, :k].tolist() if params.logprobs else None, top_logprobs=top,
+                output_logprobs=all_lps[i][:k] if params.logprobs else None, top_logprobs=top,
             ))  # fmt: skip
             tokens_out += k
         from rollout.runtime import faults

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from rollout.data.sink import fsync_dir
@@ -37,6 +39,12 @@ class ShardEntry:
     shard_digest: str | None = None
     skipped: list[dict] = field(default_factory=list)
     file_sha256: str | None = None  # of the shard file's bytes: any flipped byte is caught
+
+    def mark_complete(self, done: Any) -> None:
+        """The shard was recorded as made by `done` (a ShardResult or a journal record)."""
+        self.complete = True
+        self.rows, self.shard_digest = done.rows, done.shard_digest
+        self.skipped, self.file_sha256 = list(done.skipped), done.file_sha256 or None
 
 
 @dataclass
@@ -71,10 +79,9 @@ class Manifest:
                     continue
                 entry = by_id.get(record.get("shard_id"))
                 if entry is not None:
-                    entry.complete = True
-                    entry.rows, entry.shard_digest = record["rows"], record["shard_digest"]
-                    entry.skipped = record.get("skipped", [])
-                    entry.file_sha256 = record.get("file_sha256")
+                    entry.mark_complete(
+                        SimpleNamespace(**{"skipped": [], "file_sha256": None, **record})
+                    )
         return manifest
 
     def save(self, out_dir: Path) -> None:
@@ -85,8 +92,9 @@ class Manifest:
             journal.unlink()
 
     @staticmethod
-    def record(out_dir: Path, entries: list[ShardEntry]) -> None:
-        """Append completed shards to the journal: durable once this returns."""
+    def record(out_dir: Path, entries: Sequence[Any]) -> None:
+        """Append completed shards (ShardResults or ShardEntries) to the journal: durable
+        once this returns."""
         lines = "".join(
             json.dumps({"shard_id": e.shard_id, "rows": e.rows, "shard_digest": e.shard_digest,
                         "skipped": e.skipped, "file_sha256": e.file_sha256}, ensure_ascii=False) + "\n"

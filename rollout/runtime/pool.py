@@ -31,29 +31,12 @@ from rollout.runtime.actor import EngineWorker, actor_env, release_resource_grou
 from rollout.runtime.shard import ShardResult, ShardTask
 
 
-class ShardPool:
-    @classmethod
-    def for_job(
-        cls, spec: JobSpec, shard_dir: str, row_counts: list[int], size: int | None = None
-    ) -> ShardPool:
-        """A pool of `size` (default pool.actors) engine actors for the job."""
-        p = spec.pool
-        return cls(size or p.actors, (spec.model_dump_json(), shard_dir, row_counts), p.cpus_per_actor,
-                   p.gpus_per_actor, p.shards_in_flight_per_actor, p.max_shard_retries,
-                   p.restart_budget(), p.backup_after, p.backup_min_s)  # fmt: skip
+class RayRuntime:
+    """What the pool asks of Ray: engine actors, waiting on their calls, a clock. The one
+    other implementation is the simulated cluster (rollout/runtime/simulate.py), which
+    drives this same scheduler with simulated actors and a simulated clock."""
 
-    def __init__(
-        self,
-        size: int,
-        actor_args: tuple,
-        num_cpus: float,
-        num_gpus: float,
-        in_flight_per_actor: int,
-        max_retries: int,
-        max_restarts: int = 3,
-        backup_after: float | None = None,
-        backup_min_s: float = 30.0,
-    ) -> None:
+    def __init__(self, actor_args: tuple, num_cpus: float, num_gpus: float) -> None:
         self._cls = ray.remote(EngineWorker).options(
             num_cpus=num_cpus,
             num_gpus=num_gpus,
@@ -61,13 +44,56 @@ class ShardPool:
             runtime_env={"env_vars": actor_env()},
         )
         self._args = actor_args
+
+    def start_actor(self) -> Any:
+        return self._cls.remote(*self._args)
+
+    def wait(self, refs: list, num_returns: int, timeout: float) -> tuple[list, list]:
+        return ray.wait(refs, num_returns=num_returns, timeout=timeout)
+
+    def get(self, ref: Any) -> Any:
+        return ray.get(ref)
+
+    def kill(self, actor: Any) -> None:
+        ray.kill(actor, no_restart=True)
+
+    def release(self, actor: Any) -> None:
+        """Free what a dead actor's engine reserved (its placement group)."""
+        release_resource_group(actor._actor_id.hex())
+
+    now = staticmethod(time.monotonic)
+
+
+class ShardPool:
+    @classmethod
+    def for_job(
+        cls, spec: JobSpec, shard_dir: str, row_counts: list[int], size: int | None = None
+    ) -> ShardPool:
+        """A pool of `size` (default pool.actors) engine actors for the job."""
+        p = spec.pool
+        runtime = RayRuntime((spec.model_dump_json(), shard_dir, row_counts), p.cpus_per_actor,
+                             p.gpus_per_actor)  # fmt: skip
+        return cls(size or p.actors, runtime, p.shards_in_flight_per_actor, p.max_shard_retries,
+                   p.restart_budget(), p.backup_after, p.backup_min_s)  # fmt: skip
+
+    def __init__(
+        self,
+        size: int,
+        runtime: Any,
+        in_flight_per_actor: int,
+        max_retries: int,
+        max_restarts: int = 3,
+        backup_after: float | None = None,
+        backup_min_s: float = 30.0,
+    ) -> None:
+        self.rt = runtime
         self._in_flight = in_flight_per_actor
         self._max_retries = max_retries
         self._max_restarts = max_restarts
         self.backup_after, self.backup_min_s = backup_after, backup_min_s
         self.backups = 0
         self.dispatch_latency: deque[float] = deque(maxlen=100_000)
-        self.actors: list[Any] = [self._cls.remote(*self._args) for _ in range(size)]
+        self.actors: list[Any] = [self.rt.start_actor() for _ in range(size)]
         self.restarts = 0
         self.lost = False  # the Ray runtime went away: nothing more to ask of it
         self.fingerprint: dict | None = None
@@ -76,7 +102,7 @@ class ShardPool:
     def engine_fingerprint(self) -> dict:
         """The engines' fingerprint, once every engine has started; they must all agree."""
         try:
-            prints = ray.get([a.fingerprint.remote() for a in self.actors])
+            prints = [self.rt.get(r) for r in [a.fingerprint.remote() for a in self.actors]]
         except RayTaskError as exc:
             raise _cause(exc) from None
         except RayActorError as exc:
@@ -105,15 +131,15 @@ class ShardPool:
             )
         print(f"[rollout] actor {i} died ({first_line(exc)}); starting a new one, {what}",
               file=sys.stderr, flush=True)  # fmt: skip
-        release_resource_group(self.actors[i]._actor_id.hex())
-        self.actors[i] = self._cls.remote(*self._args)
+        self.rt.release(self.actors[i])
+        self.actors[i] = self.rt.start_actor()
         self._starting[i] = self.actors[i].fingerprint.remote()
 
     def _started(self, i: int, ref: Any) -> None:
         """A replacement's engine is up (or failed to start)."""
         del self._starting[i]
         try:
-            fp = ray.get(ref)
+            fp = self.rt.get(ref)
         except RayTaskError as exc:
             raise _cause(exc) from None
         except RayActorError as exc:
@@ -147,7 +173,7 @@ class ShardPool:
         orphans: dict[Any, int] = {}  # the losing copies still running -> actor slot
         freed_at: dict[int, float] = {}  # actor slot -> when its last task was seen done
         while queue or inflight:
-            now = time.monotonic()
+            now = self.rt.now()
             for i, actor in enumerate(self.actors):
                 while queue and load[i] < self._in_flight and i not in self._starting:
                     if i in freed_at:  # how long the driver took to hand this actor more work
@@ -162,10 +188,10 @@ class ShardPool:
             if not queue:
                 self._start_backups(inflight, fifo, head_since, durations, copies, load, now)
             starting = {ref: i for i, ref in self._starting.items()}
-            ready, _ = ray.wait([*inflight, *starting, *orphans], num_returns=1, timeout=0.25)
+            ready, _ = self.rt.wait([*inflight, *starting, *orphans], 1, 0.25)
             if ready:  # take everything that is already done: recorded as one batch
                 rest = [r for r in [*inflight, *starting, *orphans] if r not in ready]
-                more, _ = ray.wait(rest, num_returns=len(rest), timeout=0) if rest else ([], [])
+                more, _ = self.rt.wait(rest, len(rest), 0) if rest else ([], [])
                 ready += more
             if cancel is not None and cancel.is_set():
                 raise JobCancelled("the job was cancelled")
@@ -180,9 +206,9 @@ class ShardPool:
                     continue
                 i, actor, task = inflight.pop(ref)
                 self._advance(i, ref, fifo, head_since, load)
-                freed_at.setdefault(i, time.monotonic())
+                freed_at.setdefault(i, self.rt.now())
                 try:
-                    result = ray.get(ref)
+                    result = self.rt.get(ref)
                 except RayTaskError as exc:
                     raise _cause(exc) from None
                 except RayActorError as exc:
@@ -217,7 +243,7 @@ class ShardPool:
         if ref in fifo[i]:
             fifo[i].remove(ref)
             load[i] -= 1
-            head_since[i] = time.monotonic()
+            head_since[i] = self.rt.now()
 
     def _start_backups(self, inflight, fifo, head_since, durations, copies, load, now) -> None:
         if self.backup_after is None or len(durations) < 3:
@@ -249,12 +275,12 @@ class ShardPool:
         """Every shard is done: stop the actors still running losing copies, and wait until
         they are gone, so that nothing writes into the run after it is finished."""
         for i in set(orphans.values()):
-            ray.kill(self.actors[i], no_restart=True)
+            self.rt.kill(self.actors[i])
         if orphans:
-            ray.wait(list(orphans), num_returns=len(orphans), timeout=60)
+            self.rt.wait(list(orphans), len(orphans), 60)
             for i in set(orphans.values()):
-                release_resource_group(self.actors[i]._actor_id.hex())
-                self.actors[i] = self._cls.remote(*self._args)
+                self.rt.release(self.actors[i])
+                self.actors[i] = self.rt.start_actor()
                 self._starting[i] = self.actors[i].fingerprint.remote()
 
     def shutdown(self, timeout: float = 60.0) -> None:
@@ -262,10 +288,10 @@ class ShardPool:
         if self.lost:  # the runtime took the actors with it
             return
         closing = [a.close.remote() for a in self.actors]
-        ray.wait(closing, num_returns=len(closing), timeout=timeout)
+        self.rt.wait(closing, len(closing), timeout)
         for actor in self.actors:
-            ray.kill(actor, no_restart=True)
-            release_resource_group(actor._actor_id.hex())
+            self.rt.kill(actor)
+            self.rt.release(actor)
 
 
 def _cause(exc: RayTaskError) -> BaseException:

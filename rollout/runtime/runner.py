@@ -13,8 +13,6 @@ Layout of a run directory:
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import fcntl
 import json
 import os
@@ -32,15 +30,15 @@ from rollout import determinism
 from rollout.data.prompts import check_columns
 from rollout.data.sink import file_sha256, fsync_dir, verify_shard_file
 from rollout.data.sources import Source
-from rollout.errors import ConfigError, InputError, OutputError
+from rollout.errors import ConfigError, InputError
 from rollout.jobs.config_diff import config_diff
 from rollout.jobs.spec import JobSpec
-from rollout.runtime import cluster, faults
+from rollout.runtime import cluster
 from rollout.runtime.manifest import JOB, STATS, Manifest, ShardEntry, write_json_atomic
+from rollout.runtime.recorder import record_batches, writing
 from rollout.runtime.shard import ShardResult, ShardTask
 
 DATA = "data"
-SNAPSHOT_EVERY_S = 5.0  # manifest.json rewritten at most this often; shards.jsonl in between
 STAGING = ".incomplete"
 ERRORS = "errors.jsonl"
 
@@ -212,7 +210,7 @@ class JobRunner:
         if spec.id_column:
             check_unique_ids(source, spec.id_column)
         existing = self._existing_manifest()
-        with self._writing("the output directory cannot be written"):
+        with writing(self.out, "the output directory cannot be written"):
             self._lock()
         try:
             return self._run_locked(source, counts, existing, started)
@@ -232,59 +230,27 @@ class JobRunner:
         pool = ShardPool.for_job(spec, str(self.out / STAGING), counts)
         try:
             config = spec.config_view(input_fp, pool.engine_fingerprint())
-            with self._writing("the run could not be started"):
+            with writing(self.out, "the run could not be started"):
                 manifest, resumed = self._prepare(
                     existing, config, determinism.config_hash(config), sum(counts)
                 )
                 write_json_atomic(self.out / JOB, spec.model_dump(mode="json"))
             if self.progress:
                 self.progress.start(manifest)
-            by_id = {s.shard_id: s for s in manifest.shards}
             todo = [
                 ShardTask(s.shard_id, s.start, s.end) for s in manifest.shards if not s.complete
             ]
-            snapshot_at = time.monotonic()
-            try:
-                for batch in pool.run(todo, self.cancel):
-                    done = [dataclasses.replace(by_id[r.shard_id], complete=True, rows=r.rows,
-                                                shard_digest=r.shard_digest, skipped=r.skipped,
-                                                file_sha256=r.file_sha256) for r in batch]  # fmt: skip
-                    with self._writing(
-                        f"shards {[e.shard_id for e in done]} could not be recorded"
-                    ):
-                        Manifest.record(self.out, done)  # durable: one append per batch
-                    for entry in done:  # recorded: now part of the run
-                        by_id[entry.shard_id].__dict__.update(entry.__dict__)
-                    for result in batch:
-                        faults.after_record(result.shard_id, result.pid)
-                    if time.monotonic() - snapshot_at >= SNAPSHOT_EVERY_S:
-                        with self._writing("the manifest snapshot could not be written"):
-                            manifest.save(self.out)
-                        snapshot_at = time.monotonic()
-                    for result in batch:
-                        self._count(result)
-                        if self.progress:
-                            self.progress.shard_done(result, manifest)
-            except BaseException:
-                try:  # stopped or failed: the snapshot holds what was recorded
-                    manifest.save(self.out)
-                except OSError as exc:  # the output is full or read-only: the journal still is
-                    print(f"[rollout] the manifest snapshot could not be written ({exc}); "
-                          "shards.jsonl keeps what was recorded", file=sys.stderr)  # fmt: skip
-                raise
-            with self._writing("the finished run could not be written"):
+
+            def recorded(result: ShardResult) -> None:
+                self._count(result)
+                if self.progress:
+                    self.progress.shard_done(result, manifest)
+
+            record_batches(self.out, manifest, pool.run(todo, self.cancel), recorded)
+            with writing(self.out, "the finished run could not be written"):
                 return self._finish(manifest, resumed, started, pool)
         finally:
             pool.shutdown()
-
-    @contextlib.contextmanager
-    def _writing(self, what: str):
-        """The driver's writes to the run directory: a full or read-only filesystem is the
-        output's fault, said as such (OutputError), never an internal error."""
-        try:
-            yield
-        except OSError as exc:
-            raise OutputError(f"output {self.out}", f"{what}: {exc}") from None
 
     def _lock(self) -> None:
         """Hold `.lock` in the output directory for the whole run: one writer per directory."""

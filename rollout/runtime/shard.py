@@ -120,8 +120,11 @@ def run_shard(
     )
     hashes: list[str] = []
     prompt_tokens = output_tokens = 0
+    last_row, prompt_hash = -1, None
     for (row_index, example_id, sample, text), result in zip(meta, results, strict=True):
         extra = {f"input_{c}": rows[row_index - task.start].get(c) for c in spec.carry_columns}
+        if row_index != last_row:  # the n samples of a row share one prompt and its hash
+            last_row, prompt_hash = row_index, determinism.token_hash(result.prompt_token_ids)
         top = None
         if result.top_logprobs is not None:
             top = [[{"token_id": t, "logprob": lp} for t, lp in pos] for pos in result.top_logprobs]
@@ -133,6 +136,7 @@ def run_shard(
                 seq_seed=requests[len(hashes)].seq_seed,
                 prompt=text,
                 prompt_token_ids=result.prompt_token_ids,
+                prompt_hash=prompt_hash,
                 output_text=result.output_text,
                 output_token_ids=result.output_token_ids,
                 output_logprobs=result.output_logprobs,

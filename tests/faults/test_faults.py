@@ -117,23 +117,17 @@ SERVE = [sys.executable, "-m", "rollout.cli.main", "serve"]
 def start_service(root: Path, state: Path, env: dict[str, str] | None = None,
                   args: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:  # fmt: skip
     """A `rollout serve` process on a free loopback port, once it answers SERVING."""
-    from rollout.client import RolloutClient
+    from rollout.client import wait_until_serving
     from tests.cli.test_serve import free_port
 
     address = f"127.0.0.1:{free_port()}"
     proc = subprocess.Popen(SERVE + ["--address", address, "--state-dir", str(state),
                                      "--data-root", str(root), *args],
                             env={**os.environ, **(env or {})}, start_new_session=True)  # fmt: skip
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            with RolloutClient(address, timeout=2) as probe:
-                if probe.health() == "SERVING":
-                    return proc, address
-        except Exception:  # not listening yet
-            time.sleep(0.3)
-    proc.kill()
-    raise AssertionError("the service did not start")
+    if not wait_until_serving(address, alive=lambda: proc.poll() is None):
+        proc.kill()
+        raise AssertionError("the service did not start")
+    return proc, address
 
 
 KILL_POINTS = ("before_first_row", "mid_generation", "during_write", "after_write", "after_record")
