@@ -30,11 +30,16 @@ def seq_seed(job_seed: int, example_id: str, sample_index: int) -> int:
     return int.from_bytes(hashlib.blake2b(payload, digest_size=8).digest(), "little")
 
 
+def int32_le_bytes(token_ids: Sequence[int] | np.ndarray) -> bytes:
+    """Token ids as little-endian int32 bytes (what the token hashes are taken of)."""
+    if _NATIVE_LE_INT32 and type(token_ids) is list:  # the common case, without numpy's overhead
+        return array.array("i", token_ids).tobytes()
+    return np.asarray(token_ids, dtype="<i4").tobytes()
+
+
 def token_hash(token_ids: Sequence[int] | np.ndarray) -> str:
     """sha256 of token ids as little-endian int32: `prompt_hash` and `output_hash`."""
-    if _NATIVE_LE_INT32 and type(token_ids) is list:  # the common case, without numpy's overhead
-        return hashlib.sha256(array.array("i", token_ids).tobytes()).hexdigest()
-    return hashlib.sha256(np.asarray(token_ids, dtype="<i4").tobytes()).hexdigest()
+    return hashlib.sha256(int32_le_bytes(token_ids)).hexdigest()
 
 
 # array("i") is the platform's C int: the same bytes as "<i4" where that is 4 little-endian bytes

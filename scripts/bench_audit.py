@@ -59,8 +59,7 @@ def write_run(folder: Path, rows: int, seed: int, change: bool) -> None:
                 seq_seed=determinism.seq_seed(1, eid, 0), prompt=None,
                 prompt_token_ids=prompts[k].tolist(), output_text=None,
                 output_token_ids=out.tolist(), output_logprobs=logprobs[k].tolist(),
-                finish_reason="length", num_prompt_tokens=PROMPT_TOKENS,
-                num_output_tokens=OUT_TOKENS,
+                finish_reason="length",
             ))  # fmt: skip
         name = f"part-{sid:06d}.parquet"
         write_atomic(buf.table(), folder / "data" / name)

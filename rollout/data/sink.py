@@ -58,25 +58,54 @@ class RowBuffer:
 
     def __post_init__(self) -> None:
         self.columns = {name: [] for name in self.schema.names}
+        self._logprobs = "output_logprobs" in self.columns
+        self._top = "top_logprobs" in self.columns
 
-    def add(self, **values: Any) -> str:
+    def add(
+        self,
+        *,
+        row_index: int,
+        example_id: str,
+        sample_index: int,
+        seq_seed: int,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        output_text: str | None,
+        output_token_ids: list[int],
+        finish_reason: str,
+        output_logprobs: list[float] | None = None,
+        top_logprobs: list | None = None,
+        prompt_hash: str | None = None,
+        carried: dict[str, Any] | None = None,
+    ) -> str:
         """Append one row; computes and returns its row_hash. A `prompt_hash` given is the
-        one of `prompt_token_ids` already computed (the n samples of a row share it)."""
-        if values.get("prompt_hash") is None:
-            values["prompt_hash"] = determinism.token_hash(values["prompt_token_ids"])
-        values["output_hash"] = determinism.token_hash(values["output_token_ids"])
-        values["row_hash"] = determinism.row_hash(
-            values["example_id"],
-            values["sample_index"],
-            values["seq_seed"],
-            values["prompt_hash"],
-            values["output_hash"],
-            values["finish_reason"],
-        )
-        get = values.get
-        for name, col in self.columns.items():
-            col.append(get(name))
-        return values["row_hash"]
+        one of `prompt_token_ids` already computed (the n samples of a row share it);
+        `carried` holds the input columns carried over (input_<name>: value)."""
+        ph = prompt_hash or determinism.token_hash(prompt_token_ids)
+        oh = determinism.token_hash(output_token_ids)
+        rh = determinism.row_hash(example_id, sample_index, seq_seed, ph, oh, finish_reason)
+        c = self.columns
+        c["row_index"].append(row_index)
+        c["example_id"].append(example_id)
+        c["sample_index"].append(sample_index)
+        c["seq_seed"].append(seq_seed)
+        c["prompt"].append(prompt)
+        c["prompt_token_ids"].append(prompt_token_ids)
+        c["output_text"].append(output_text)
+        c["output_token_ids"].append(output_token_ids)
+        if self._logprobs:
+            c["output_logprobs"].append(output_logprobs)
+        if self._top:
+            c["top_logprobs"].append(top_logprobs)
+        c["finish_reason"].append(finish_reason)
+        c["num_prompt_tokens"].append(len(prompt_token_ids))
+        c["num_output_tokens"].append(len(output_token_ids))
+        c["prompt_hash"].append(ph)
+        c["output_hash"].append(oh)
+        c["row_hash"].append(rh)
+        for name, value in (carried or {}).items():
+            c[name].append(value)
+        return rh
 
     def table(self) -> pa.Table:
         return pa.table(self.columns, schema=self.schema)

@@ -23,6 +23,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from rollout.determinism import int32_le_bytes
 from rollout.engines.base import Engine, GenerationRequest, GenerationResult, prepare_prompt
 from rollout.engines.stopping import StopState
 from rollout.errors import EngineError, config_error_from_validation
@@ -72,7 +73,7 @@ def _splitmix(x: np.ndarray) -> np.ndarray:
 
 
 def _prompt_key(ids: Sequence[int]) -> int:
-    data = np.asarray(ids, dtype="<i4").tobytes()
+    data = int32_le_bytes(ids)
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
 
@@ -114,9 +115,7 @@ class SyntheticEngine(Engine):
 
     # -- tokenizer -------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
-        return (
-            np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32) + FIRST_BYTE
-        ).tolist()
+        return list(map(FIRST_BYTE.__add__, text.encode("utf-8")))
 
     def apply_chat_template(self, messages: Sequence[dict[str, str]]) -> str:
         parts = [f"<|{m['role']}|>{m['content']}\n" for m in messages]

@@ -12,6 +12,7 @@ retried: it stops the job with that error.
 
 from __future__ import annotations
 
+import functools
 import re
 import statistics
 import sys
@@ -31,13 +32,21 @@ from rollout.runtime.actor import EngineWorker, actor_env, release_resource_grou
 from rollout.runtime.shard import ShardResult, ShardTask
 
 
+@functools.cache
+def _remote_worker() -> Any:
+    """The engine actor class, made once per process: Ray keeps every class made with
+    `ray.remote` for the life of the driver (about 10 KiB each), so one per job would grow
+    a long-lived service without bound. Each pool sets its own options on it."""
+    return ray.remote(EngineWorker)
+
+
 class RayRuntime:
     """What the pool asks of Ray: engine actors, waiting on their calls, a clock. The one
     other implementation is the simulated cluster (rollout/runtime/simulate.py), which
     drives this same scheduler with simulated actors and a simulated clock."""
 
     def __init__(self, actor_args: tuple, num_cpus: float, num_gpus: float) -> None:
-        self._cls = ray.remote(EngineWorker).options(
+        self._cls = _remote_worker().options(
             num_cpus=num_cpus,
             num_gpus=num_gpus,
             max_restarts=0,

@@ -122,7 +122,10 @@ def run_shard(
     prompt_tokens = output_tokens = 0
     last_row, prompt_hash = -1, None
     for (row_index, example_id, sample, text), result in zip(meta, results, strict=True):
-        extra = {f"input_{c}": rows[row_index - task.start].get(c) for c in spec.carry_columns}
+        carried = None
+        if spec.carry_columns:
+            row = rows[row_index - task.start]
+            carried = {f"input_{c}": row.get(c) for c in spec.carry_columns}
         if row_index != last_row:  # the n samples of a row share one prompt and its hash
             last_row, prompt_hash = row_index, determinism.token_hash(result.prompt_token_ids)
         top = None
@@ -142,9 +145,7 @@ def run_shard(
                 output_logprobs=result.output_logprobs,
                 top_logprobs=top,
                 finish_reason=result.finish_reason,
-                num_prompt_tokens=len(result.prompt_token_ids),
-                num_output_tokens=len(result.output_token_ids),
-                **extra,
+                carried=carried,
             )
         )
         prompt_tokens += len(result.prompt_token_ids)
