@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 
 from rollout import determinism
 from rollout.data.prompts import check_columns
-from rollout.data.sink import file_sha256, fsync_dir, verify_shard_file
+from rollout.data.sink import ROW_GROUP_ROWS, file_sha256, fsync_dir, verify_shard_file
 from rollout.data.sources import Source
 from rollout.errors import ConfigError, InputError
 from rollout.jobs.config_diff import config_diff
@@ -399,6 +399,6 @@ class JobRunner:
     @staticmethod
     def _row_hashes(manifest: Manifest, folder: Path):
         for entry in manifest.shards:  # shards are row ranges in order
-            yield from (
-                pq.read_table(folder / entry.file, columns=["row_hash"]).column(0).to_pylist()
-            )
+            shard = pq.ParquetFile(folder / entry.file)
+            for batch in shard.iter_batches(batch_size=ROW_GROUP_ROWS, columns=["row_hash"]):
+                yield from batch.column(0).to_pylist()  # one row group at a time: flat memory
