@@ -15,7 +15,7 @@ def publish(report: str, path: Path | None) -> None:
     text = path.read_text() if path.exists() else "# Benchmarks\n"
     pattern = re.compile(re.escape(heading) + r".*?(?=\n## |\Z)", re.S)
     if pattern.search(text):
-        text = pattern.sub(lambda _: report, text)
+        text = pattern.sub(lambda _: report.rstrip() + "\n", text)
     else:
         text = text.rstrip() + "\n\n" + report
     path.write_text(text.rstrip() + "\n")
