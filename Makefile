@@ -29,9 +29,11 @@ demo: install
 	$(VENV)/bin/rollout generate --chat "What is the capital of France?" --temperature 0 --max-tokens 32
 	$(VENV)/bin/rollout run configs/demo.yaml
 
+# Two pytest workers, a test file at a time (module fixtures stay whole): many tests wait
+# on processes (Ray, services, the soak) while the slow model test computes.
 test: install
 	$(VENV)/bin/ruff check rollout tests scripts
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist loadfile
 
 lint: install
 	$(VENV)/bin/ruff check rollout tests scripts

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -22,6 +21,7 @@ import numpy as np
 
 from rollout import determinism
 from rollout.data.sink import RowBuffer, output_schema, write_atomic
+from rollout.procstat import run_cli_measured
 from rollout.runtime.manifest import Manifest, ShardEntry
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -69,27 +69,12 @@ def write_run(folder: Path, rows: int, seed: int, change: bool) -> None:
              status="complete", run_digest="(not computed)", rows=rows).save(folder)  # fmt: skip
 
 
-# Peak RSS from VmHWM: getrusage's ru_maxrss survives exec, so a child forked from this
-# (large) process would report the parent's size.
-CHILD = """
-import json, re, sys
-from pathlib import Path
-from rollout.cli.main import main
-code = main(["audit", sys.argv[1], sys.argv[2], "--json", "--quiet", "--no-decode"])
-hwm = int(re.search(r"VmHWM:\\s+(\\d+)", Path("/proc/self/status").read_text()).group(1))
-print(json.dumps({"code": code, "maxrss_kib": hwm}), file=sys.stderr)
-"""
-
-
 def measure(a: Path, b: Path) -> dict:
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(a), str(b)],
-                          capture_output=True, text=True, check=False)  # fmt: skip
+    proc, rss = run_cli_measured("audit", str(a), str(b), "--json", "--quiet", "--no-decode")
     seconds = time.monotonic() - started
-    report = json.loads(proc.stdout)
-    child = json.loads(proc.stderr.strip().splitlines()[-1])
-    return {"report": report, "rss_mib": child["maxrss_kib"] / 1024, "wall": seconds,
-            "code": child["code"]}  # fmt: skip
+    return {"report": json.loads(proc.stdout), "rss_mib": rss, "wall": seconds,
+            "code": proc.returncode}  # fmt: skip
 
 
 def main() -> None:

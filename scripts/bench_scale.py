@@ -31,16 +31,9 @@ import yaml
 sys.path.insert(0, str(Path(__file__).parent))
 from benchlib import publish  # noqa: E402
 
+from rollout.procstat import run_cli_measured  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
-DRIVER = """
-import json, re, sys
-from pathlib import Path
-from rollout.cli.main import main
-code = main(["run", sys.argv[1], "--quiet", "--json"])
-hwm = int(re.search(r"VmHWM:\\s+(\\d+)", Path("/proc/self/status").read_text()).group(1))
-print(json.dumps({"code": code, "hwm_kib": hwm}), file=sys.stderr)
-sys.exit(code)
-"""
 
 
 def prompts(folder: Path, rows: int) -> Path:
@@ -60,13 +53,12 @@ def run_job(folder: Path, name: str, data: dict) -> dict:
     config = folder / f"{name}.yaml"
     data["output"] = str(folder / name)
     config.write_text(yaml.safe_dump(data))
-    proc = subprocess.run([sys.executable, "-c", DRIVER, str(config)], capture_output=True,
-                          text=True, check=False)  # fmt: skip
+    proc, rss = run_cli_measured("run", str(config), "--quiet", "--json")
     if proc.returncode != 0:
         raise SystemExit(f"{name} failed:\n{proc.stderr[-3000:]}")
     # the summary is the last JSON line (Ray may print its own lines to stdout too)
     summary = json.loads([x for x in proc.stdout.splitlines() if x.startswith("{")][-1])
-    summary["driver_rss_mib"] = json.loads(proc.stderr.strip().splitlines()[-1])["hwm_kib"] / 1024
+    summary["driver_rss_mib"] = rss
     return summary
 
 

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import resource
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rollout.procstat import peak_rss_mib
 from rollout.runtime.manifest import Manifest
 from rollout.runtime.recorder import record_batches
 from rollout.runtime.shard import ShardResult, ShardTask
@@ -190,19 +190,10 @@ def simulate_job(
         simulated_s=cluster.clock,
         driver_cpu_s=cpu,
         driver_cpu_ms_per_shard=cpu / len(shards) * 1000,
-        driver_peak_rss_mib=_peak_rss_mib(),
+        driver_peak_rss_mib=peak_rss_mib(),
         dispatch_p50_ms=q(0.5),
         dispatch_p99_ms=q(0.99),
         backup_copies=pool.backups,
         journal_appends=appends,
         shards_recorded_twice=twice,
     )
-
-
-def _peak_rss_mib() -> float:
-    status = Path("/proc/self/status")
-    if status.exists():
-        for line in status.read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -15,6 +13,7 @@ import yaml
 
 from rollout.engines import GenerationRequest, create_engine
 from rollout.jobs.spec import parse_job_spec
+from rollout.procstat import run_cli_measured
 from rollout.runtime.manifest import Manifest
 from rollout.runtime.runner import JobRunner
 from rollout.sampling_params import SamplingParams
@@ -72,24 +71,11 @@ def test_synthetic_digest_is_the_same_for_1_and_3_actors(ray_runtime, tmp_path):
     assert {r["finish_reason"] for r in rows} == {"stop", "length"}
 
 
-DRIVER = """
-import json, re, sys
-from pathlib import Path
-from rollout.cli.main import main
-code = main(["run", sys.argv[1], "--quiet", "--json"])
-hwm = int(re.search(r"VmHWM:\\s+(\\d+)", Path("/proc/self/status").read_text()).group(1))
-print(json.dumps({"code": code, "hwm_kib": hwm}), file=sys.stderr)
-"""
-
-
 def driver_peak_mib(config: Path) -> tuple[dict, float]:
-    proc = subprocess.run([sys.executable, "-c", DRIVER, str(config)], capture_output=True,
-                          text=True, check=False)  # fmt: skip
+    proc, peak = run_cli_measured("run", str(config), "--quiet", "--json")
     assert proc.returncode == 0, proc.stderr[-2000:]
     # the summary is the last JSON line (Ray may print its own lines to stdout too)
-    summary = json.loads([x for x in proc.stdout.splitlines() if x.startswith("{")][-1])
-    child = json.loads(proc.stderr.strip().splitlines()[-1])
-    return summary, child["hwm_kib"] / 1024
+    return json.loads([x for x in proc.stdout.splitlines() if x.startswith("{")][-1]), peak
 
 
 def test_driver_memory_stays_flat_from_50k_to_200k_rows(tmp_path):
