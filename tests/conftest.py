@@ -60,9 +60,3 @@ def ray_runtime():
     cluster.connect(None)
     yield ray
     ray.shutdown()
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked `slow` first (a stable sort): under `make test` (pytest-xdist, a file
-    per worker) the minutes-long model test then starts at once and overlaps the rest."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

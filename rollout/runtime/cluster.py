@@ -13,8 +13,12 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
+import time
 
 from rollout.errors import ClusterLost, first_line
+
+START_ATTEMPTS = 3  # tries to join or start Ray before the job fails
 
 
 def connect(address: str | None) -> None:
@@ -23,21 +27,30 @@ def connect(address: str | None) -> None:
 
     if ray.is_initialized():
         return
-    try:
-        if address:
-            ray.init(address=address, logging_level="ERROR")
-        else:
-            os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-            ray.init(
-                address="local",  # a runtime of our own, never one `ray start` left behind
-                num_cpus=os.cpu_count(),
-                object_store_memory=256 * 1024 * 1024,
-                include_dashboard=False,
-                logging_level="ERROR",
-            )
-    except (ConnectionError, TimeoutError, RuntimeError) as exc:
-        where = f"the Ray cluster at {address}" if address else "a local Ray runtime"
-        raise ClusterLost(f"cannot reach {where}: {first_line(exc)}") from None
+    where = f"the Ray cluster at {address}" if address else "a local Ray runtime"
+    for attempt in range(START_ATTEMPTS):
+        try:
+            if address:
+                ray.init(address=address, logging_level="ERROR")
+            else:
+                os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+                ray.init(
+                    address="local",  # a runtime of our own, never one `ray start` left behind
+                    num_cpus=os.cpu_count(),
+                    object_store_memory=256 * 1024 * 1024,
+                    include_dashboard=False,
+                    logging_level="ERROR",
+                )
+            return
+        except Exception as exc:  # noqa: BLE001 - Ray raises bare Exception on start-up timeouts
+            # a busy machine can miss Ray's start-up deadlines: try again before giving up
+            if ray.is_initialized():
+                ray.shutdown()
+            if attempt + 1 == START_ATTEMPTS:
+                raise ClusterLost(f"cannot reach {where}: {first_line(exc)}") from None
+            print(f"[rollout] {where} did not start ({first_line(exc)}); trying again",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            time.sleep(2.0)
 
 
 def gcs_address() -> str:
