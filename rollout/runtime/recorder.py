@@ -48,7 +48,6 @@ def record_batches(
                 Manifest.record(out, batch)  # durable: one append per batch
             for result in batch:  # recorded: now part of the run
                 by_id[result.shard_id].mark_complete(result)
-            for result in batch:
                 faults.after_record(result.shard_id, result.pid)
             if time.monotonic() - snapshot_at >= SNAPSHOT_EVERY_S:
                 with writing(out, "the manifest snapshot could not be written"):
