@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import array
 import hashlib
+import itertools
 import json
 import sys
 from collections.abc import Iterable, Sequence
@@ -40,6 +41,15 @@ def int32_le_bytes(token_ids: Sequence[int] | np.ndarray) -> bytes:
 def token_hash(token_ids: Sequence[int] | np.ndarray) -> str:
     """sha256 of token ids as little-endian int32: `prompt_hash` and `output_hash`."""
     return hashlib.sha256(int32_le_bytes(token_ids)).hexdigest()
+
+
+def token_hashes(offsets: np.ndarray, values: np.ndarray) -> list[str]:
+    """`token_hash` of every row of a flat column: row i is values[offsets[i]:offsets[i + 1]]
+    (an Arrow list array's buffers), hashed straight from the int32 bytes."""
+    data = memoryview(np.ascontiguousarray(values, dtype="<i4")).cast("B")
+    bounds = (np.asarray(offsets, dtype=np.int64) * 4).tolist()
+    sha256 = hashlib.sha256
+    return [sha256(data[a:b]).hexdigest() for a, b in itertools.pairwise(bounds)]
 
 
 # array("i") is the platform's C int: the same bytes as "<i4" where that is 4 little-endian bytes

@@ -18,9 +18,12 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 
 from rollout import determinism
-from rollout.data.sink import RowBuffer, output_schema, write_atomic
+from rollout.data.columns import list_array
+from rollout.data.sink import ShardRows, output_schema, shard_table, write_atomic
+from rollout.engines.base import GenerationBatch
 from rollout.procstat import run_cli_measured
 from rollout.runtime.manifest import Manifest, ShardEntry
 
@@ -41,28 +44,31 @@ def write_run(folder: Path, rows: int, seed: int, change: bool) -> None:
     shards = []
     for sid, start in enumerate(range(0, rows, SHARD)):
         end = min(start + SHARD, rows)
-        buf = RowBuffer(output_schema(True, False, []))
-        outs = rng.integers(0, 49152, (end - start, OUT_TOKENS), dtype=np.int32)
-        prompts = rng.integers(0, 49152, (end - start, PROMPT_TOKENS), dtype=np.int32)
-        logprobs = -rng.random((end - start, OUT_TOKENS), dtype=np.float32)
-        hashes = []
-        for k in range(end - start):
-            out = outs[k]
+        n = end - start
+        outs = rng.integers(0, 49152, (n, OUT_TOKENS), dtype=np.int32)
+        prompts = rng.integers(0, 49152, (n, PROMPT_TOKENS), dtype=np.int32)
+        logprobs = -rng.random((n, OUT_TOKENS), dtype=np.float32)
+        for k in range(n):
             if change and alt.random() < CHANGED:
                 pos = int(alt.integers(0, OUT_TOKENS))
-                out = out.copy()
-                out[pos:] = alt.integers(0, 49152, OUT_TOKENS - pos, dtype=np.int32)
-            i = start + k
-            eid = str(i)
-            hashes.append(buf.add(
-                row_index=i, example_id=eid, sample_index=0,
-                seq_seed=determinism.seq_seed(1, eid, 0), prompt=None,
-                prompt_token_ids=prompts[k].tolist(), output_text=None,
-                output_token_ids=out.tolist(), output_logprobs=logprobs[k].tolist(),
-                finish_reason="length",
-            ))  # fmt: skip
+                outs[k, pos:] = alt.integers(0, 49152, OUT_TOKENS - pos, dtype=np.int32)
+        offsets = np.arange(0, n * OUT_TOKENS + 1, OUT_TOKENS)
+        ids = [str(i) for i in range(start, end)]
+        generated = GenerationBatch(
+            request_ids=ids,
+            prompt_token_ids=prompts.tolist(),
+            output_token_ids=list_array(offsets, outs.ravel(), pa.int32()),
+            output_text=pa.nulls(n, pa.string()),
+            finish_reason=["length"] * n,
+            output_logprobs=list_array(offsets, logprobs.ravel(), pa.float32()),
+        )
+        table, hashes = shard_table(output_schema(True, False, []), ShardRows(
+            row_index=list(range(start, end)), example_id=ids, sample_index=[0] * n,
+            seq_seed=[determinism.seq_seed(1, eid, 0) for eid in ids], prompt=[None] * n,
+            generated=generated,
+        ))  # fmt: skip
         name = f"part-{sid:06d}.parquet"
-        write_atomic(buf.table(), folder / "data" / name)
+        write_atomic(table, folder / "data" / name)
         shards.append(ShardEntry(sid, start, end, name, True, end - start,
                                  determinism.shard_digest(hashes)))  # fmt: skip
     Manifest(determinism.config_hash(CONFIG), CONFIG, CONFIG["engine"], rows, SHARD, shards,

@@ -124,13 +124,14 @@ def main() -> None:
         "shards) and hashes the run digest at the end. 64 output tokens per row, 2 cores. "
         "Measured in one run, side by side.",
         "",
-        "| pipeline, infinite engine speed | rows | seconds | rows/s | rows/s per actor-core |",
-        "| --- | ---: | ---: | ---: | ---: |",
+        "| pipeline, infinite engine speed | rows | seconds | rows/s | rows/s per actor-core (wall) | actor CPU s | rows per actor CPU-second |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for actors, s in pipe.items():
         rate = s["rows"] / s["seconds"]
         lines.append(
-            f"| {actors} actor(s) | {s['rows']:,} | {s['seconds']:.1f} | {rate:,.0f} | {rate / actors:,.0f} |"
+            f"| {actors} actor(s) | {s['rows']:,} | {s['seconds']:.1f} | {rate:,.0f} | {rate / actors:,.0f} "
+            f"| {s['actor_cpu_s']:.1f} | {s['rows'] / s['actor_cpu_s']:,.0f} |"
         )
     lines += [
         "",
@@ -145,14 +146,17 @@ def main() -> None:
                      f"{1000 * s['driver_cpu_s'] / s['shards']:.1f} | {s['driver_rss_mib']:.0f} | "
                      f"{s['dispatch_latency_p50_ms']:.1f} / {s['dispatch_latency_p99_ms']:.1f} |")  # fmt: skip
     first, last = growth[0][1], growth[-1][1]
+    wall, cpu = last["rows"] / last["seconds"] / 2, last["rows"] / last["actor_cpu_s"]
     lines += [
         "",
         f"- **driver peak RSS {growth[-1][0]:,} / {growth[0][0]:,} rows: "
         f"{last['driver_rss_mib'] / first['driver_rss_mib']:.2f}** ({first['driver_rss_mib']:.0f} -> "
         f"{last['driver_rss_mib']:.0f} MiB; target < 500 MiB and flat)",
-        f"- steady state at {growth[-1][0]:,} rows: **{last['rows'] / last['seconds'] / 2:,.0f} rows/s per "
-        f"actor-core** (target 30,000: {'met' if last['rows'] / last['seconds'] / 2 >= 30_000 else 'not met'}); "
-        "2 actors share the 2 cores with the driver and Ray",
+        f"- steady state at {growth[-1][0]:,} rows: **{wall:,.0f} rows/s per actor-core** by the wall clock "
+        f"(target 30,000: {'met' if wall >= 30_000 else 'not met'}), with the 2 actors sharing the 2 cores "
+        f"with the driver and Ray; by the actors' own CPU time, **{cpu:,.0f} rows per actor CPU-second** "
+        f"({'met' if cpu >= 30_000 else 'not met'}); the driver used {last['driver_cpu_s']:.1f} s of CPU "
+        f"for the {last['rows']:,} rows",
         "",
         f"Simulated cluster: {args.sim_replicas} replicas (Ray actors) at a simulated "
         f"{options['tokens_per_s']:,.0f} output tokens/s each, one of them {options['slow_factor']:.0f}x "

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pyarrow as pa
 import pytest
 
 from rollout import determinism as d
+from rollout.data.columns import list_slices
 
 # From shared/DETERMINISM.md.
 CONTRACT_SEEDS = [
@@ -63,6 +65,16 @@ def test_independent_vectors(vec):
     assert d.token_hash(prompt) == ph
     assert d.token_hash(output) == oh
     assert d.row_hash(ex, si, seed, ph, oh, reason) == rh
+
+
+def test_token_hashes_of_a_list_column_match_the_vectors():
+    """The batched form hashes each row straight from an Arrow list column's buffers, here a
+    slice (offsets not starting at 0) of a column holding every vector's prompt and output."""
+    lists = [v[3] for v in VECTORS] + [v[4] for v in VECTORS]
+    column = pa.array([[1, 2, 3]] + lists, pa.list_(pa.int32())).slice(1)
+    offsets, values = list_slices(column)
+    assert offsets[0] == 3
+    assert d.token_hashes(offsets, values) == [v[7] for v in VECTORS] + [v[8] for v in VECTORS]
 
 
 def test_run_and_shard_digests():

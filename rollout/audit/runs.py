@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rollout import determinism
+from rollout.data.columns import list_slices
 from rollout.errors import InputError
 from rollout.runtime.manifest import JOB, Manifest
 
@@ -104,23 +105,6 @@ def list_batches(path: Path, columns: list[str]) -> Iterator[pa.RecordBatch]:
     )
 
 
-def list_slices(array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """(offsets, values) of a list array: row i is values[offsets[i]:offsets[i + 1]]."""
-    return _view(array.offsets, np.int32), _view(array.values, _NUMPY[array.type.value_type])
-
-
-_NUMPY = {pa.int32(): np.int32, pa.float32(): np.float32}
-
-
-def _view(array: pa.Array, dtype: type) -> np.ndarray:
-    """A zero-copy NumPy view of a primitive array (Array.to_numpy would import pandas,
-    about 45 MiB, on first use)."""
-    data = array.buffers()[1]
-    if data is None:
-        return np.zeros(0, dtype)
-    return np.frombuffer(data, dtype=dtype, count=array.offset + len(array))[array.offset :]
-
-
 class Rows:
     """One record batch's rows as Python and NumPy values, with hashes from their contents."""
 
@@ -152,9 +136,10 @@ class Rows:
         names = batch.schema.names
         self._logprobs = list_slices(col("output_logprobs")) if "output_logprobs" in names else None
         self.prompt_hash, self.row_hash, self.consistent = [], [], []
+        prompt_hashes = determinism.token_hashes(*self._prompt)
+        output_hashes = determinism.token_hashes(*self._output)
         for i in range(batch.num_rows):
-            ph = determinism.token_hash(self.prompt(i))
-            oh = determinism.token_hash(self.output(i))
+            ph, oh = prompt_hashes[i], output_hashes[i]
             finish = self.finish_reason[i]
             try:
                 rh = determinism.row_hash(self.example_id[i], self.sample_index[i], self.seq_seed[i], ph, oh, finish)  # fmt: skip

@@ -9,16 +9,23 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rollout import determinism
+from rollout.data.columns import list_slices
+from rollout.engines.base import GenerationBatch
 
 # Rows per Parquet row group: a reader (resume checks, audits, verify) holds one group of
 # one column at a time, so memory is bounded by this, not by the shard size.
 ROW_GROUP_ROWS = 4096
+# Columns whose values rarely repeat: a dictionary page for them is work thrown away.
+_NO_DICTIONARY = frozenset(
+    ["seq_seed", "prompt_hash", "output_hash", "row_hash", "output_token_ids", "output_text",
+     "output_logprobs", "top_logprobs"]
+)  # fmt: skip
 
 
 def output_schema(logprobs: bool, top_logprobs: bool, carried: Sequence[pa.Field]) -> pa.Schema:
@@ -50,65 +57,66 @@ def output_schema(logprobs: bool, top_logprobs: bool, carried: Sequence[pa.Field
 
 
 @dataclass
-class RowBuffer:
-    """Column lists for one shard's rows, filled in (row_index, sample_index) order."""
+class ShardRows:
+    """One shard's rows in (row_index, sample_index) order: their keys and prompt text, the
+    engine's columns for them, and the input columns carried over (input_<name>: values)."""
 
-    schema: pa.Schema
-    columns: dict[str, list[Any]] = field(default_factory=dict)
+    row_index: list[int]
+    example_id: list[str]
+    sample_index: list[int]
+    seq_seed: list[int]
+    prompt: list[str | None]
+    generated: GenerationBatch
+    carried: dict[str, pa.Array | pa.ChunkedArray] = field(default_factory=dict)
 
-    def __post_init__(self) -> None:
-        self.columns = {name: [] for name in self.schema.names}
-        self._logprobs = "output_logprobs" in self.columns
-        self._top = "top_logprobs" in self.columns
 
-    def add(
-        self,
-        *,
-        row_index: int,
-        example_id: str,
-        sample_index: int,
-        seq_seed: int,
-        prompt: str | None,
-        prompt_token_ids: list[int],
-        output_text: str | None,
-        output_token_ids: list[int],
-        finish_reason: str,
-        output_logprobs: list[float] | None = None,
-        top_logprobs: list | None = None,
-        prompt_hash: str | None = None,
-        carried: dict[str, Any] | None = None,
-    ) -> str:
-        """Append one row; computes and returns its row_hash. A `prompt_hash` given is the
-        one of `prompt_token_ids` already computed (the n samples of a row share it);
-        `carried` holds the input columns carried over (input_<name>: value)."""
-        ph = prompt_hash or determinism.token_hash(prompt_token_ids)
-        oh = determinism.token_hash(output_token_ids)
-        rh = determinism.row_hash(example_id, sample_index, seq_seed, ph, oh, finish_reason)
-        c = self.columns
-        c["row_index"].append(row_index)
-        c["example_id"].append(example_id)
-        c["sample_index"].append(sample_index)
-        c["seq_seed"].append(seq_seed)
-        c["prompt"].append(prompt)
-        c["prompt_token_ids"].append(prompt_token_ids)
-        c["output_text"].append(output_text)
-        c["output_token_ids"].append(output_token_ids)
-        if self._logprobs:
-            c["output_logprobs"].append(output_logprobs)
-        if self._top:
-            c["top_logprobs"].append(top_logprobs)
-        c["finish_reason"].append(finish_reason)
-        c["num_prompt_tokens"].append(len(prompt_token_ids))
-        c["num_output_tokens"].append(len(output_token_ids))
-        c["prompt_hash"].append(ph)
-        c["output_hash"].append(oh)
-        c["row_hash"].append(rh)
-        for name, value in (carried or {}).items():
-            c[name].append(value)
-        return rh
-
-    def table(self) -> pa.Table:
-        return pa.table(self.columns, schema=self.schema)
+def shard_table(schema: pa.Schema, rows: ShardRows) -> tuple[pa.Table, list[str]]:
+    """The shard's output table and its rows' row_hash values. Output hashes are taken
+    straight from the token buffers; the n samples of a row share one prompt hash."""
+    g = rows.generated
+    offsets, values = list_slices(g.output_token_ids)
+    output_hashes = determinism.token_hashes(offsets, values)
+    prompt_hashes: list[str] = []
+    last_row, ph = -1, ""
+    for row_index, ids in zip(rows.row_index, g.prompt_token_ids, strict=True):
+        if row_index != last_row:
+            last_row, ph = row_index, determinism.token_hash(ids)
+        prompt_hashes.append(ph)
+    row_hash = determinism.row_hash
+    row_hashes = [
+        row_hash(*key)
+        for key in zip(rows.example_id, rows.sample_index, rows.seq_seed, prompt_hashes,
+                       output_hashes, g.finish_reason, strict=True)
+    ]  # fmt: skip
+    n = len(row_hashes)
+    columns: dict[str, pa.Array | pa.ChunkedArray] = {
+        "row_index": pa.array(rows.row_index, pa.int64()),
+        "example_id": pa.array(rows.example_id, pa.string()),
+        "sample_index": pa.array(rows.sample_index, pa.int32()),
+        "seq_seed": pa.array(rows.seq_seed, pa.uint64()),
+        "prompt": pa.array(rows.prompt, pa.string()),
+        "prompt_token_ids": pa.array(g.prompt_token_ids, pa.list_(pa.int32())),
+        "output_text": g.output_text,
+        "output_token_ids": g.output_token_ids,
+        "finish_reason": pa.array(g.finish_reason, pa.string()),
+        "num_prompt_tokens": pa.array([len(p) for p in g.prompt_token_ids], pa.int32()),
+        "num_output_tokens": pa.array(np.diff(offsets).astype(np.int32)),
+        "prompt_hash": pa.array(prompt_hashes, pa.string()),
+        "output_hash": pa.array(output_hashes, pa.string()),
+        "row_hash": pa.array(row_hashes, pa.string()),
+        **rows.carried,
+    }
+    if "output_logprobs" in schema.names:
+        lps = g.output_logprobs
+        columns["output_logprobs"] = pa.nulls(n, pa.list_(pa.float32())) if lps is None else lps
+    if "top_logprobs" in schema.names:
+        columns["top_logprobs"] = pa.array(
+            [None if top is None else [[{"token_id": t, "logprob": lp} for t, lp in pos]
+                                       for pos in top]
+             for top in (g.top_logprobs or [None] * n)],
+            schema.field("top_logprobs").type,
+        )  # fmt: skip
+    return pa.Table.from_arrays([columns[name] for name in schema.names], schema=schema), row_hashes
 
 
 def file_sha256(path: Path) -> str:
@@ -125,7 +133,13 @@ def write_atomic(table: pa.Table, path: Path) -> None:
     may write the same file at once, and each renames whole bytes into place."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
     try:
-        pq.write_table(table, tmp, compression="zstd", row_group_size=ROW_GROUP_ROWS)
+        pq.write_table(
+            table,
+            tmp,
+            compression="zstd",
+            row_group_size=ROW_GROUP_ROWS,
+            use_dictionary=[n for n in table.schema.names if n not in _NO_DICTIONARY],
+        )
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
     except BaseException:  # a full disk: give back what the partial file took

@@ -7,6 +7,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
+
 from rollout.determinism import FinishReason
 from rollout.errors import ConfigError, InputError
 from rollout.sampling_params import SamplingParams
@@ -38,6 +40,62 @@ class GenerationResult:
     finish_reason: FinishReason
     output_logprobs: list[float] | None = None
     top_logprobs: list[list[tuple[int, float]]] | None = field(default=None)
+
+
+@dataclass
+class GenerationBatch:
+    """The results of one generate call as columns, in request order: what a shard writes.
+
+    Token ids and logprobs are Arrow list arrays (one flat buffer and offsets), so an engine
+    that makes them as arrays hands them on without a Python object per token.
+    `output_logprobs` is null for a request that did not ask for logprobs, and None when
+    none did; so is each entry of `top_logprobs`.
+    """
+
+    request_ids: list[str]
+    prompt_token_ids: list[list[int]]
+    output_token_ids: pa.ListArray  # list<int32>
+    output_text: pa.Array | pa.ChunkedArray  # string
+    finish_reason: list[FinishReason]
+    output_logprobs: pa.ListArray | None = None  # list<float32>
+    top_logprobs: list[list[list[tuple[int, float]]] | None] | None = None
+
+    def __len__(self) -> int:
+        return len(self.request_ids)
+
+    @classmethod
+    def from_results(cls, results: Sequence[GenerationResult]) -> GenerationBatch:
+        lps = [r.output_logprobs for r in results]
+        tops = [r.top_logprobs for r in results]
+        return cls(
+            request_ids=[r.request_id for r in results],
+            prompt_token_ids=[r.prompt_token_ids for r in results],
+            output_token_ids=pa.array([r.output_token_ids for r in results], pa.list_(pa.int32())),
+            output_text=pa.array([r.output_text for r in results], pa.string()),
+            finish_reason=[r.finish_reason for r in results],
+            output_logprobs=(
+                None if all(x is None for x in lps) else pa.array(lps, pa.list_(pa.float32()))
+            ),
+            top_logprobs=None if all(x is None for x in tops) else tops,
+        )
+
+    def results(self) -> list[GenerationResult]:
+        """One GenerationResult per request (Python lists: for callers outside the shard path)."""
+        outputs = self.output_token_ids.to_pylist()
+        texts = self.output_text.to_pylist()
+        lps = self.output_logprobs.to_pylist() if self.output_logprobs is not None else None
+        return [
+            GenerationResult(
+                request_id=rid,
+                prompt_token_ids=self.prompt_token_ids[i],
+                output_token_ids=outputs[i],
+                output_text=texts[i],
+                finish_reason=self.finish_reason[i],
+                output_logprobs=None if lps is None else lps[i],
+                top_logprobs=None if self.top_logprobs is None else self.top_logprobs[i],
+            )
+            for i, rid in enumerate(self.request_ids)
+        ]
 
 
 def prepare_prompt(request: GenerationRequest, max_model_len: int) -> list[int]:
@@ -80,6 +138,11 @@ class Engine(ABC):
     @abstractmethod
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         """Generate every request; results come back in request order."""
+
+    def generate_batch(self, requests: Sequence[GenerationRequest]) -> GenerationBatch:
+        """`generate`, as columns. Engines that make token ids as arrays override this and
+        build `generate` on it; the rest convert their results here."""
+        return GenerationBatch.from_results(self.generate(requests))
 
     @abstractmethod
     def fingerprint(self) -> dict[str, Any]:

@@ -21,17 +21,27 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from rollout.data.columns import list_array
 from rollout.determinism import int32_le_bytes
-from rollout.engines.base import Engine, GenerationRequest, GenerationResult, prepare_prompt
+from rollout.engines.base import (
+    Engine,
+    GenerationBatch,
+    GenerationRequest,
+    GenerationResult,
+    prepare_prompt,
+)
 from rollout.engines.stopping import StopState
 from rollout.errors import EngineError, config_error_from_validation
 
 VERSION = "1"
 BOS, EOS, FIRST_BYTE = 1, 2, 3
 FIRST_WORD = FIRST_BYTE + 256  # generated tokens are words, never bytes
-_M = np.uint64(0xFFFFFFFFFFFFFFFF)
+_MAX_DIGITS = 7  # vocab_size <= 2**20: ids have at most 7 decimal digits
+_TEXT_ROWS = 4096
 
 
 class SyntheticOptions(BaseModel):
@@ -40,7 +50,7 @@ class SyntheticOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     vocab_size: int = Field(
-        32000, ge=300, le=1 << 24, description="Token ids are in [0, vocab_size)."
+        32000, ge=300, le=1 << 20, description="Token ids are in [0, vocab_size)."
     )
     output_len: Literal["fixed", "uniform", "geometric"] = Field(
         "uniform", description="How a sequence's natural length (where it emits EOS) is drawn."
@@ -86,11 +96,7 @@ class SyntheticEngine(Engine):
         except ValidationError as exc:
             raise config_error_from_validation(exc, prefix="engine.options") from None
         self._started = False
-        # id -> text for generated ids (all >= FIRST_WORD): decoding is a table lookup
-        self._words = [""] * FIRST_WORD + [
-            f" w{t}" for t in range(FIRST_WORD, self.options.vocab_size)
-        ]
-        self._words[EOS] = ""
+        self._words: pa.StringArray | None = None  # id -> text, made on first use
 
     def start(self) -> None:
         if not self._started:
@@ -141,81 +147,137 @@ class SyntheticEngine(Engine):
         return self.options.max_model_len
 
     # -- generation ------------------------------------------------------------------------------
-    def _natural_lens(self, keys: np.ndarray) -> list[int]:
+    def _natural_lens(self, keys: np.ndarray) -> np.ndarray:
         """Where each sequence would emit EOS, drawn from the output length distribution."""
         o = self.options
         h = _splitmix(keys ^ np.uint64(0xA5A5A5A5))
-        if o.output_len == "fixed":
-            return [o.mean_output_len] * len(keys)
+        if o.output_len == "fixed" or o.mean_output_len == 1:
+            return np.full(len(keys), o.mean_output_len, dtype=np.int64)
         if o.output_len == "uniform":
-            return (1 + h % np.uint64(2 * o.mean_output_len - 1)).astype(np.int64).tolist()
-        if o.mean_output_len == 1:
-            return [1] * len(keys)
+            return (1 + h % np.uint64(2 * o.mean_output_len - 1)).astype(np.int64)
         u = ((h >> np.uint64(11)).astype(np.float64) + 0.5) / float(1 << 53)
-        return (
-            (1 + np.floor(np.log(u) / np.log1p(-1.0 / o.mean_output_len))).astype(np.int64).tolist()
-        )
+        return (1 + np.floor(np.log(u) / np.log1p(-1.0 / o.mean_output_len))).astype(np.int64)
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        return self.generate_batch(requests).results()
+
+    def generate_batch(self, requests: Sequence[GenerationRequest]) -> GenerationBatch:
+        """Every sequence at once, as arrays: token t of row i is splitmix(key_i ^ splitmix(t)),
+        cut where the row ends; only rows with stop strings or stop token ids go token by token."""
         if not self._started:
             raise EngineError("the synthetic engine is not started: call start() first")
         o = self.options
         prompts, keys, room = [], [], []
+        source: object = None
+        last_params = None
         for r in requests:
             params = r.params
-            prompt = prepare_prompt(r, o.max_model_len)
+            if r.prompt_token_ids is not source or params is not last_params:
+                # the n samples of a row share one prompt: check and key it once
+                source, last_params = r.prompt_token_ids, params
+                prompt = prepare_prompt(r, o.max_model_len)
+                prompt_key, left = _prompt_key(prompt), o.max_model_len - len(prompt)
+            elif not 0 <= r.seq_seed < 2**64:
+                prepare_prompt(r, o.max_model_len)  # raises the seed's error
             prompts.append(prompt)
-            keys.append((0 if params.greedy else r.seq_seed) ^ _prompt_key(prompt))
-            room.append(min(params.max_tokens, o.max_model_len - len(prompt)))
+            keys.append((0 if params.greedy else r.seq_seed) ^ prompt_key)
+            room.append(min(params.max_tokens, left))
         if not requests:
-            return []
-        # Every sequence's hashes at once: row i, position t -> splitmix(key_i ^ splitmix(t)).
+            return GenerationBatch.from_results([])
         key = np.array(keys, dtype=np.uint64)
         natural = self._natural_lens(key)
-        width = max(room)
+        rooms = np.array(room, dtype=np.int64)
+        ignore = np.array([r.params.ignore_eos for r in requests], dtype=bool)
+        eos = ~ignore & (natural <= rooms)
+        lens = np.where(eos, natural, rooms)
+        width = int(lens.max())
         h = _splitmix(key[:, None] ^ _splitmix(np.arange(width, dtype=np.uint64))[None, :])
         ids = (FIRST_WORD + h % np.uint64(o.vocab_size - FIRST_WORD)).astype(np.int32)
-        results, tokens_out = [], 0
-        all_ids = ids.tolist()  # one conversion for the batch: cheaper than one per row
-        all_lps = None
-        if any(r.params.logprobs for r in requests):
-            lps = -((h >> np.uint64(20)) % np.uint64(1000)).astype(np.float32) / np.float32(100)
-            all_lps = lps.tolist()
+        rows = np.flatnonzero(eos)
+        ids[rows, lens[rows] - 1] = EOS
+        finish = np.where(eos, "stop", "length").tolist()
+        texts: dict[int, str] = {}  # rows whose text a stop string decided
         for i, r in enumerate(requests):
             params = r.params
-            eos_at = natural[i] if not params.ignore_eos and natural[i] <= room[i] else 0
-            n = eos_at or room[i]
-            row = all_ids[i][:n]
-            if eos_at:
-                row[-1] = EOS
             if params.stop or params.stop_token_ids:  # the shared rules, token by token
                 stop = StopState(params, frozenset([EOS]), room[i], self.decode)
-                for t in row:
+                for t in ids[i, : lens[i]].tolist():
                     if stop.append(t):
                         break
-                out, finish, text = (
-                    stop.token_ids,
-                    stop.finish_reason or "length",
-                    stop.output_text(),
-                )
-            else:
-                out, finish = row, "stop" if eos_at else "length"
-                text = "".join(map(self._words.__getitem__, out))
-            k = len(out)
-            top = None
-            if params.top_logprobs:
-                span = np.uint64(o.vocab_size - FIRST_WORD)
-                top = [[(FIRST_WORD + int((x >> np.uint64(8 * j)) % span), -(j + 1) / 10.0)
-                        for j in range(params.top_logprobs)] for x in h[i, :k]]  # fmt: skip
-            results.append(GenerationResult(
-                request_id=r.request_id, prompt_token_ids=prompts[i], output_token_ids=out,
-                output_text=text, finish_reason=finish,
-                output_logprobs=all_lps[i][:k] if params.logprobs else None, top_logprobs=top,
-            ))  # fmt: skip
-            tokens_out += k
+                lens[i], finish[i] = len(stop.token_ids), stop.finish_reason or "length"
+                texts[i] = stop.output_text()
+        kept = np.arange(width)[None, :] < lens[:, None]
+        offsets = np.zeros(len(requests) + 1, dtype=np.int64)
+        np.cumsum(lens, out=offsets[1:])
+        values = ids[kept]
+        logprobs = None
+        wants = np.array([r.params.logprobs for r in requests], dtype=bool)
+        if wants.any():
+            lps = -((h >> np.uint64(20)) % np.uint64(1000)).astype(np.float32) / np.float32(100)
+            logprobs = list_array(offsets, lps[kept], pa.float32(), null=~wants)
+        top = None
+        if any(r.params.top_logprobs for r in requests):
+            span = np.uint64(o.vocab_size - FIRST_WORD)
+            top = [[[(FIRST_WORD + int((x >> np.uint64(8 * j)) % span), -(j + 1) / 10.0)
+                     for j in range(r.params.top_logprobs)] for x in h[i, : lens[i]]]
+                   if r.params.top_logprobs else None for i, r in enumerate(requests)]  # fmt: skip
+        batch = GenerationBatch(
+            request_ids=[r.request_id for r in requests],
+            prompt_token_ids=prompts,
+            output_token_ids=list_array(offsets, values, pa.int32()),
+            output_text=self._texts(values, offsets, texts),
+            finish_reason=finish,
+            output_logprobs=logprobs,
+            top_logprobs=top,
+        )
         from rollout.runtime import faults
 
         faults.point("mid_generation")
         if o.tokens_per_s:
-            time.sleep(tokens_out / o.tokens_per_s * self._slow)
-        return results
+            time.sleep(int(offsets[-1]) / o.tokens_per_s * self._slow)
+        return batch
+
+    def _texts(
+        self, values: np.ndarray, offsets: np.ndarray, given: dict[int, str]
+    ) -> pa.ChunkedArray:
+        """Each row's decoded text, joined from the vocabulary's words in Arrow; rows in
+        `given` (ended by a stop string) take that text instead."""
+        if self._words is None:  # every id's text, built once: " w<id>" from FIRST_WORD on
+            data, sizes = _word_bytes(np.arange(self.options.vocab_size, dtype=np.int64))
+            ends = np.zeros(len(sizes) + 1, dtype=np.int32)
+            np.cumsum(sizes, out=ends[1:])
+            self._words = pa.StringArray.from_buffers(
+                len(sizes), pa.py_buffer(ends), pa.py_buffer(data)
+            )
+        words = pa.ListArray.from_arrays(
+            pa.array(offsets.astype(np.int32)), self._words.take(pa.array(values))
+        )
+        # joined a slice of rows at a time, so no one string column outgrows its 2 GiB offsets
+        texts = pa.chunked_array(
+            [
+                pc.binary_join(words.slice(i, _TEXT_ROWS), "")
+                for i in range(0, len(words), _TEXT_ROWS)
+            ],
+            pa.string(),
+        )
+        if given:
+            rows = texts.to_pylist()
+            for i, text in given.items():
+                rows[i] = text
+            texts = pa.chunked_array([pa.array(rows, pa.string())])
+        return texts
+
+
+def _word_bytes(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The text of each token id (" w<id>" for generated ids, nothing below FIRST_WORD) as
+    ASCII bytes, all concatenated, and each id's byte count."""
+    digits = np.ones(len(ids), dtype=np.int64)
+    for power in range(1, _MAX_DIGITS):
+        digits += ids >= 10**power
+    sizes = np.where(ids < FIRST_WORD, 0, 2 + digits)
+    chars = np.zeros((len(ids), 2 + _MAX_DIGITS), dtype=np.uint8)
+    chars[:, 0], chars[:, 1] = ord(" "), ord("w")
+    for j in range(_MAX_DIGITS):  # digit j from the left, where the number has one
+        power = np.maximum(digits - 1 - j, 0)
+        chars[:, 2 + j] = ord("0") + (ids // 10**power) % 10
+    return chars[np.arange(chars.shape[1])[None, :] < sizes[:, None]], sizes

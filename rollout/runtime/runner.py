@@ -60,6 +60,7 @@ class RunSummary:
     actor_restarts: int
     backup_copies: int = 0  # straggling shards given a second copy (pool.backup_after)
     driver_cpu_s: float = 0.0  # CPU time of this (driver) process for the run
+    actor_cpu_s: float = 0.0  # CPU time the actors spent on this run's shards, all together
     dispatch_latency_p50_ms: float = 0.0  # a finished shard seen -> its actor's next shard sent
     dispatch_latency_p99_ms: float = 0.0
 
@@ -298,6 +299,7 @@ class JobRunner:
         self, existing: Manifest | None, config: dict, chash: str, total: int
     ) -> tuple[Manifest, int]:
         self._prompt_tokens = self._output_tokens = 0
+        self._actor_cpu = 0.0
         self.out.mkdir(parents=True, exist_ok=True)
         staging = self.out / STAGING
         if existing is None:
@@ -354,6 +356,7 @@ class JobRunner:
     def _count(self, result: ShardResult) -> None:
         self._prompt_tokens += result.prompt_tokens
         self._output_tokens += result.output_tokens
+        self._actor_cpu += result.cpu_seconds
 
     def _finish(self, manifest: Manifest, resumed: int, started: float, pool: Any) -> RunSummary:
         staging = self.out / STAGING
@@ -390,6 +393,7 @@ class JobRunner:
             actor_restarts=pool.restarts,
             backup_copies=pool.backups,
             driver_cpu_s=time.process_time() - self._cpu_started,
+            actor_cpu_s=self._actor_cpu,
             dispatch_latency_p50_ms=_quantile(latency, 0.5) * 1000,
             dispatch_latency_p99_ms=_quantile(latency, 0.99) * 1000,
         )

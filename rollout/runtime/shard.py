@@ -12,10 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from rollout import determinism
 from rollout.data.prompts import needed_columns, render_rows
-from rollout.data.sink import RowBuffer, file_sha256, output_schema, write_atomic
+from rollout.data.sink import ShardRows, file_sha256, output_schema, shard_table, write_atomic
 from rollout.data.sources import Source
 from rollout.engines.base import Engine, GenerationRequest
 from rollout.errors import InputError, OutputError
@@ -49,6 +50,7 @@ class ShardResult:
     output_tokens: int
     seconds: float
     skipped: list[dict] = field(default_factory=list)
+    cpu_seconds: float = 0.0  # CPU time of the process that made it (all its threads)
     pid: int = 0  # the process that made it
     file_sha256: str = ""
 
@@ -65,7 +67,7 @@ def example_id_of(row: dict, id_column: str | None, row_index: int) -> str:
 def run_shard(
     spec: JobSpec, source: Source, engine: Engine, task: ShardTask, out_dir: Path
 ) -> ShardResult:
-    started = time.monotonic()
+    started, cpu_started = time.monotonic(), time.process_time()
     faults.set_shard(task.shard_id)
     faults.point("before_first_row", task.shard_id)
     table = pa.Table.from_batches(list(source.read(task.start, task.end, needed_columns(spec))))
@@ -113,46 +115,31 @@ def run_shard(
             seed = determinism.seq_seed(spec.job_seed, example_id, sample)
             requests.append(GenerationRequest(f"{row_index}:{sample}", ids, spec.sampling, seed))
             meta.append((row_index, example_id, sample, text))
-    results = engine.generate(requests)
-    carried = [table.schema.field(c) for c in spec.carry_columns]
-    buffer = RowBuffer(
-        output_schema(spec.sampling.logprobs, spec.sampling.top_logprobs > 0, carried)
+    generated = engine.generate_batch(requests)
+    picked = pa.array([row_index - task.start for row_index, *_ in meta], pa.int64())
+    carried = {f"input_{c}": table.column(c).take(picked) for c in spec.carry_columns}
+    schema = output_schema(
+        spec.sampling.logprobs,
+        spec.sampling.top_logprobs > 0,
+        [table.schema.field(c) for c in spec.carry_columns],
     )
-    hashes: list[str] = []
-    prompt_tokens = output_tokens = 0
-    last_row, prompt_hash = -1, None
-    for (row_index, example_id, sample, text), result in zip(meta, results, strict=True):
-        carried = None
-        if spec.carry_columns:
-            row = rows[row_index - task.start]
-            carried = {f"input_{c}": row.get(c) for c in spec.carry_columns}
-        if row_index != last_row:  # the n samples of a row share one prompt and its hash
-            last_row, prompt_hash = row_index, determinism.token_hash(result.prompt_token_ids)
-        top = None
-        if result.top_logprobs is not None:
-            top = [[{"token_id": t, "logprob": lp} for t, lp in pos] for pos in result.top_logprobs]
-        hashes.append(
-            buffer.add(
-                row_index=row_index,
-                example_id=example_id,
-                sample_index=sample,
-                seq_seed=requests[len(hashes)].seq_seed,
-                prompt=text,
-                prompt_token_ids=result.prompt_token_ids,
-                prompt_hash=prompt_hash,
-                output_text=result.output_text,
-                output_token_ids=result.output_token_ids,
-                output_logprobs=result.output_logprobs,
-                top_logprobs=top,
-                finish_reason=result.finish_reason,
-                carried=carried,
-            )
-        )
-        prompt_tokens += len(result.prompt_token_ids)
-        output_tokens += len(result.output_token_ids)
+    out_table, hashes = shard_table(
+        schema,
+        ShardRows(
+            row_index=[m[0] for m in meta],
+            example_id=[m[1] for m in meta],
+            sample_index=[m[2] for m in meta],
+            seq_seed=[r.seq_seed for r in requests],
+            prompt=[m[3] for m in meta],
+            generated=generated,
+            carried=carried,
+        ),
+    )
+    prompt_tokens = int(pc.sum(out_table.column("num_prompt_tokens")).as_py() or 0)
+    output_tokens = int(pc.sum(out_table.column("num_output_tokens")).as_py() or 0)
     try:
         faults.point("write_enospc", task.shard_id)
-        write_atomic(buffer.table(), out_dir / task.file_name)
+        write_atomic(out_table, out_dir / task.file_name)
     except OSError as exc:
         raise OutputError(
             f"output {out_dir}", f"shard {task.shard_id} could not be written: {exc}"
@@ -169,6 +156,7 @@ def run_shard(
         output_tokens=output_tokens,
         seconds=time.monotonic() - started,
         skipped=skipped,
+        cpu_seconds=time.process_time() - cpu_started,
         pid=os.getpid(),
         file_sha256=file_sha256(out_dir / task.file_name),
     )

@@ -66,6 +66,7 @@ def test_synthetic_digest_is_the_same_for_1_and_3_actors(ray_runtime, tmp_path):
     three = JobRunner(parse_job_spec(spec(inp, tmp_path / "three", shard_size=37,
                                           pool={"actors": 3, "cpus_per_actor": 0.5}))).run()  # fmt: skip
     assert one.run_digest == three.run_digest and one.rows == 600
+    assert one.actor_cpu_s > 0 and three.actor_cpu_s > 0  # the actors report their CPU time
     digest, rows = independent_run_digest(tmp_path / "three")
     assert digest == one.run_digest
     assert {r["finish_reason"] for r in rows} == {"stop", "length"}
