@@ -112,28 +112,21 @@ def compare_streams(
             key, rows, i = na  # type: ignore[misc]
             report.missing_in_b += 1
             _note(missing, rows, i)
-            inconsistent_a = not rows.consistent[i]
-            report.inconsistent_a += inconsistent_a
-            if inconsistent_a:
-                _note(inconsistent, rows, i)
+            report.inconsistent_a += _check(inconsistent, rows, i)
             na, seen_a = next(a, None), seen_a + 1
             continue
         if na is None or nb[0] < na[0]:
             key, rows, i = nb
             report.missing_in_a += 1
             _note(missing, rows, i)
-            if not rows.consistent[i]:
-                report.inconsistent_b += 1
-                _note(inconsistent, rows, i)
+            report.inconsistent_b += _check(inconsistent, rows, i)
             nb, seen_b = next(b, None), seen_b + 1
             continue
         _, ra, i = na
         _, rb, j = nb
         report.compared += 1
-        for side, rows, k in (("a", ra, i), ("b", rb, j)):
-            if not rows.consistent[k]:
-                setattr(report, f"inconsistent_{side}", getattr(report, f"inconsistent_{side}") + 1)
-                _note(inconsistent, rows, k)
+        report.inconsistent_a += _check(inconsistent, ra, i)
+        report.inconsistent_b += _check(inconsistent, rb, j)
         d = None
         if ra.row_hash[i] != rb.row_hash[j] or ra.logprobs(i) is not None:
             d = divergence(ra, i, rb, j)
@@ -157,6 +150,14 @@ def compare_streams(
     report.rows_per_s = (seen_a + seen_b) / 2 / report.seconds if report.seconds else 0.0
     report.decide()
     return report
+
+
+def _check(inconsistent: list[MissingRow], rows: Rows, i: int) -> int:
+    """1, noted, when row i's stored hashes disagree with its contents; else 0."""
+    if rows.consistent[i]:
+        return 0
+    _note(inconsistent, rows, i)
+    return 1
 
 
 def _note(listed: list[MissingRow], rows: Rows, i: int) -> None:

@@ -63,6 +63,7 @@ class Plan:
     codes: np.ndarray  # the sampled keys as row_index * n + sample_index, sorted
     n: int
     lacking: int  # rows the manifest lists that the run's files do not hold
+    files: list[Path]  # the stored shard files the sample draws from, in order
 
 
 def plan_sample(run: RunDir, sample: Sample) -> Plan:
@@ -71,7 +72,7 @@ def plan_sample(run: RunDir, sample: Sample) -> Plan:
     count = sample.count(total)
     ordinals = np.array(sorted(random.Random(sample.seed).sample(range(total), count)), np.int64)
     n = int(run.manifest.config["n"])
-    tasks, codes, offset, lacking = [], [], 0, 0
+    tasks, codes, files, offset, lacking = [], [], [], 0, 0
     for entry, (_, path) in zip(run.manifest.shards, run.shard_files(), strict=True):
         table = pa.Table.from_batches(list(list_batches(path, ["row_index", "sample_index"])))
         lacking += max(0, (entry.rows or 0) - table.num_rows)
@@ -84,9 +85,10 @@ def plan_sample(run: RunDir, sample: Sample) -> Plan:
         si = table.column("sample_index").to_numpy()[local]
         keys = tuple(zip(ri.tolist(), si.tolist(), strict=True))
         tasks.append(ShardTask(entry.shard_id, entry.start, entry.end, samples=keys))
+        files.append(path)
         codes.append(ri.astype(np.int64) * n + si)
     keys = np.concatenate(codes) if codes else np.zeros(0, np.int64)
-    return Plan(tasks, keys, n, lacking)
+    return Plan(tasks, keys, n, lacking, files)
 
 
 def verify_run(
@@ -133,11 +135,9 @@ def verify_run(
             ri = batch.column("row_index").to_numpy().astype(np.int64)
             return np.isin(ri * n + batch.column("sample_index").to_numpy(), codes)
 
-        sampled = {t.shard_id for t in tasks}
-        stored = [path for shard_id, path in run.shard_files() if shard_id in sampled]
         compare_streams(
             report,
-            iter_rows(stored, run.has_logprobs(), f"run {run.label!r}", keep=selected),
+            iter_rows(plan.files, run.has_logprobs(), f"run {run.label!r}", keep=selected),
             iter_rows(
                 sorted(folder.glob("part-*.parquet")), run.has_logprobs(), "regenerated rows"
             ),
