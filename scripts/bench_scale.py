@@ -76,7 +76,7 @@ def job(inp: Path, rows_per_shard: int, actors: int, options: dict | None = None
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-rows", type=int, default=10_000_000)
-    parser.add_argument("--pipeline-rows", type=int, default=200_000)
+    parser.add_argument("--pipeline-rows", type=int, default=1_000_000)
     parser.add_argument("--sim-replicas", type=int, default=16)
     parser.add_argument("--sim-shards", type=int, default=1_000)
     parser.add_argument("--cluster-rows", type=int, default=10_000_000)
@@ -137,6 +137,9 @@ def main() -> None:
         "",
         f"- **ratio 2 actors / 1 actor: {(pipe[2]['rows'] / pipe[2]['seconds']) / (pipe[1]['rows'] / pipe[1]['seconds']):.2f}**; "
         "the seconds include Ray's start and the engines' start, so small jobs understate the rate",
+        "- one actor has a core to itself; two share the 2 cores with the driver and Ray. Rows per "
+        "actor CPU-second divide the rows by the CPU time the actors spent on their shards (each "
+        "actor process, all its threads: Arrow's and Ray's included)",
         "",
         "| rows | shards | rows/s | driver CPU s | driver CPU ms per shard | driver peak RSS (MiB) | dispatch p50 / p99 ms |",
         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
