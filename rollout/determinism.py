@@ -43,13 +43,18 @@ def token_hash(token_ids: Sequence[int] | np.ndarray) -> str:
     return hashlib.sha256(int32_le_bytes(token_ids)).hexdigest()
 
 
-def token_hashes(offsets: np.ndarray, values: np.ndarray) -> list[str]:
-    """`token_hash` of every row of a flat column: row i is values[offsets[i]:offsets[i + 1]]
-    (an Arrow list array's buffers), hashed straight from the int32 bytes."""
+def token_hashes(
+    offsets: np.ndarray, values: np.ndarray, rows: Sequence[int] | None = None
+) -> list[str]:
+    """`token_hash` of every row of a flat column, or of the given `rows`: row i is
+    values[offsets[i]:offsets[i + 1]] (an Arrow list array's buffers), hashed straight
+    from the int32 bytes."""
     data = memoryview(np.ascontiguousarray(values, dtype="<i4")).cast("B")
     bounds = (np.asarray(offsets, dtype=np.int64) * 4).tolist()
     sha256 = hashlib.sha256
-    return [sha256(data[a:b]).hexdigest() for a, b in itertools.pairwise(bounds)]
+    if rows is None:
+        return [sha256(data[a:b]).hexdigest() for a, b in itertools.pairwise(bounds)]
+    return [sha256(data[bounds[i] : bounds[i + 1]]).hexdigest() for i in rows]
 
 
 # array("i") is the platform's C int: the same bytes as "<i4" where that is 4 little-endian bytes

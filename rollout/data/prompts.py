@@ -112,10 +112,11 @@ class RenderedPrompt:
 
 
 def render_rows(rows: Sequence[dict[str, Any]], prompt: PromptSpec) -> list[RenderedPrompt]:
-    return [_render(row, prompt) for row in rows]
+    fields = template_fields(prompt.template) if prompt.template else []  # parsed once
+    return [_render(row, prompt, fields) for row in rows]
 
 
-def _render(row: dict[str, Any], p: PromptSpec) -> RenderedPrompt:
+def _render(row: dict[str, Any], p: PromptSpec, fields: list[str]) -> RenderedPrompt:
     if p.messages_column:
         return _messages(row.get(p.messages_column), p.messages_column)
     if p.column:
@@ -130,7 +131,7 @@ def _render(row: dict[str, Any], p: PromptSpec) -> RenderedPrompt:
     else:
         assert p.template is not None
         values = {}
-        for name in template_fields(p.template):
+        for name in fields:
             v = row.get(name)
             if v is None:
                 return RenderedPrompt(problem=f"template column {name!r} is null")

@@ -76,12 +76,15 @@ def shard_table(schema: pa.Schema, rows: ShardRows) -> tuple[pa.Table, list[str]
     g = rows.generated
     offsets, values = list_slices(g.output_token_ids)
     output_hashes = determinism.token_hashes(offsets, values)
-    prompt_hashes: list[str] = []
-    last_row, ph = -1, ""
-    for row_index, ids in zip(rows.row_index, g.prompt_token_ids, strict=True):
+    prompt_ids = pa.array(g.prompt_token_ids, pa.list_(pa.int32()))
+    firsts, last_row = [], -1  # the first sample of each row: the n samples share its prompt
+    for i, row_index in enumerate(rows.row_index):
         if row_index != last_row:
-            last_row, ph = row_index, determinism.token_hash(ids)
-        prompt_hashes.append(ph)
+            firsts.append(i)
+            last_row = row_index
+    first_hashes = determinism.token_hashes(*list_slices(prompt_ids), rows=firsts)
+    repeats = np.diff(firsts + [len(rows.row_index)]).tolist()
+    prompt_hashes = [ph for ph, k in zip(first_hashes, repeats, strict=True) for _ in range(k)]
     row_hash = determinism.row_hash
     row_hashes = [
         row_hash(*key)
@@ -95,7 +98,7 @@ def shard_table(schema: pa.Schema, rows: ShardRows) -> tuple[pa.Table, list[str]
         "sample_index": pa.array(rows.sample_index, pa.int32()),
         "seq_seed": pa.array(rows.seq_seed, pa.uint64()),
         "prompt": pa.array(rows.prompt, pa.string()),
-        "prompt_token_ids": pa.array(g.prompt_token_ids, pa.list_(pa.int32())),
+        "prompt_token_ids": prompt_ids,
         "output_text": g.output_text,
         "output_token_ids": g.output_token_ids,
         "finish_reason": pa.array(g.finish_reason, pa.string()),

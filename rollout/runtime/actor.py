@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import sys
 from pathlib import Path
@@ -65,6 +66,11 @@ class EngineWorker:
         self.shard_dir = Path(shard_dir)
         self.engine = create_engine(self.spec.engine.name, **self.spec.engine.options)
         self.engine.start()
+        # What start-up made (modules, the engine, Ray's state) lives as long as the actor:
+        # moved out of the collector's reach, each shard's collections scan only its own
+        # objects (about 5% of a synthetic shard's CPU time)
+        gc.collect()
+        gc.freeze()
 
     def fingerprint(self) -> dict[str, Any]:
         return self.engine.fingerprint()
