@@ -60,9 +60,6 @@ class GenerationBatch:
     output_logprobs: pa.ListArray | None = None  # list<float32>
     top_logprobs: list[list[list[tuple[int, float]]] | None] | None = None
 
-    def __len__(self) -> int:
-        return len(self.request_ids)
-
     @classmethod
     def from_results(cls, results: Sequence[GenerationResult]) -> GenerationBatch:
         lps = [r.output_logprobs for r in results]

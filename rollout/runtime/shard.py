@@ -87,7 +87,11 @@ def run_shard(
     rendered = render_rows(rows, spec.prompt)
     skipped: list[dict] = []
     requests: list[GenerationRequest] = []
-    meta: list[tuple[int, str, int, str]] = []  # (row_index, example_id, sample_index, prompt text)
+    # per request: its row, example id, sample and prompt text (the output's key columns)
+    row_indices: list[int] = []
+    example_ids: list[str] = []
+    sample_indices: list[int] = []
+    texts: list[str] = []
     wanted = None if task.samples is None else set(task.samples)
     wanted_rows = None if wanted is None else {r for r, _ in wanted}
     for offset, (row, prompt) in enumerate(zip(rows, rendered, strict=True)):
@@ -114,9 +118,12 @@ def run_shard(
                 continue
             seed = determinism.seq_seed(spec.job_seed, example_id, sample)
             requests.append(GenerationRequest(f"{row_index}:{sample}", ids, spec.sampling, seed))
-            meta.append((row_index, example_id, sample, text))
+            row_indices.append(row_index)
+            example_ids.append(example_id)
+            sample_indices.append(sample)
+            texts.append(text)
     generated = engine.generate_batch(requests)
-    picked = pa.array([row_index - task.start for row_index, *_ in meta], pa.int64())
+    picked = pa.array([row_index - task.start for row_index in row_indices], pa.int64())
     carried = {f"input_{c}": table.column(c).take(picked) for c in spec.carry_columns}
     schema = output_schema(
         spec.sampling.logprobs,
@@ -126,11 +133,11 @@ def run_shard(
     out_table, hashes = shard_table(
         schema,
         ShardRows(
-            row_index=[m[0] for m in meta],
-            example_id=[m[1] for m in meta],
-            sample_index=[m[2] for m in meta],
+            row_index=row_indices,
+            example_id=example_ids,
+            sample_index=sample_indices,
             seq_seed=[r.seq_seed for r in requests],
-            prompt=[m[3] for m in meta],
+            prompt=texts,
             generated=generated,
             carried=carried,
         ),
