@@ -159,6 +159,12 @@ class ShardPool:
                 f"a replacement engine actor reports another fingerprint than the run's: {fp}"
             )
 
+    def dispatch_latency_ms(self, q: float) -> float:
+        """The q-quantile of dispatch latency in ms: a finished shard seen by the driver ->
+        its actor's next shard sent (real time)."""
+        latency = sorted(self.dispatch_latency)
+        return latency[min(len(latency) - 1, int(q * len(latency)))] * 1000 if latency else 0.0
+
     def run(
         self, tasks: Iterable[ShardTask], cancel: threading.Event | None = None
     ) -> Iterator[list[ShardResult]]:
@@ -180,13 +186,15 @@ class ShardPool:
             int, list[Any]
         ] = {}  # shard_id -> refs of its copies (only shards with a backup)
         orphans: dict[Any, int] = {}  # the losing copies still running -> actor slot
-        freed_at: dict[int, float] = {}  # actor slot -> when its last task was seen done
+        # actor slot -> when its last task was seen done: real time, also under a simulated
+        # clock, since dispatch latency is the driver's own work
+        freed_at: dict[int, float] = {}
         while queue or inflight:
             now = self.rt.now()
             for i, actor in enumerate(self.actors):
                 while queue and load[i] < self._in_flight and i not in self._starting:
                     if i in freed_at:  # how long the driver took to hand this actor more work
-                        self.dispatch_latency.append(now - freed_at.pop(i))
+                        self.dispatch_latency.append(time.perf_counter() - freed_at.pop(i))
                     task = queue.popleft()
                     ref = actor.run.remote(task)
                     inflight[ref] = (i, actor, task)
@@ -215,7 +223,7 @@ class ShardPool:
                     continue
                 i, actor, task = inflight.pop(ref)
                 self._advance(i, ref, fifo, head_since, load)
-                freed_at.setdefault(i, self.rt.now())
+                freed_at.setdefault(i, time.perf_counter())
                 try:
                     result = self.rt.get(ref)
                 except RayTaskError as exc:

@@ -158,12 +158,6 @@ def _report_duplicate(source: Source, column: str, hashes: set[int]) -> None:
             row += 1
 
 
-def _quantile(sorted_values: list[float], q: float) -> float:
-    if not sorted_values:
-        return 0.0
-    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
-
-
 def _verify(path: str) -> tuple[str, int | None, str | None]:
     try:
         digest, rows = verify_shard_file(Path(path))
@@ -376,7 +370,6 @@ class JobRunner:
         manifest.status = "complete"
         manifest.save(self.out)
         seconds = time.monotonic() - started
-        latency = sorted(pool.dispatch_latency)
         summary = RunSummary(
             output=str(self.out),
             config_hash=manifest.config_hash,
@@ -394,8 +387,8 @@ class JobRunner:
             backup_copies=pool.backups,
             driver_cpu_s=time.process_time() - self._cpu_started,
             actor_cpu_s=self._actor_cpu,
-            dispatch_latency_p50_ms=_quantile(latency, 0.5) * 1000,
-            dispatch_latency_p99_ms=_quantile(latency, 0.99) * 1000,
+            dispatch_latency_p50_ms=pool.dispatch_latency_ms(0.5),
+            dispatch_latency_p99_ms=pool.dispatch_latency_ms(0.99),
         )
         write_json_atomic(self.out / STATS, asdict(summary))
         return summary

@@ -50,7 +50,6 @@ class SimActor:
         self.cluster, self.slow = cluster, slow
         self.free_at = cluster.clock
         self.dead = False
-        self.seen_real: float | None = None  # when the driver saw this actor's last shard done
         fp = {"engine": "simulated"}
         self.fingerprint = _Method(lambda: SimRef(cluster.clock, fp, self))
         self.close = _Method(lambda: SimRef(cluster.clock, None, self))
@@ -58,9 +57,6 @@ class SimActor:
 
     def _run(self, task: ShardTask) -> SimRef:
         c = self.cluster
-        if self.seen_real is not None:  # the real time the driver took to send more work
-            c.dispatch_latency.append(time.perf_counter() - self.seen_real)
-            self.seen_real = None
         rows = (task.end - task.start) * c.samples
         digest = hashlib.sha256(f"simulated shard {task.shard_id}".encode()).hexdigest()
         jitter = 0.75 + 0.5 * int(digest[:8], 16) / 0xFFFFFFFF  # shards differ by +-25%
@@ -82,7 +78,6 @@ class SimCluster:
     samples: int = 1
     slow_factor: float = 1.0
     clock: float = 0.0
-    dispatch_latency: list[float] = field(default_factory=list)
     _made: itertools.count = field(default_factory=itertools.count)
 
     def start_actor(self) -> SimActor:
@@ -101,10 +96,6 @@ class SimCluster:
             step = min(pending) - self.clock if pending else timeout
             self.clock += min(step, timeout)  # simulated waiting: no real time passes
             ready = [r for r in refs if done(r)]
-        now = time.perf_counter()
-        for r in ready:
-            if r.actor is not None and isinstance(r.value, ShardResult):
-                r.actor.seen_real = now
         return ready, [r for r in refs if r not in ready]
 
     def get(self, ref: SimRef) -> Any:
@@ -178,11 +169,6 @@ def simulate_job(
     manifest.status = "complete"
     manifest.save(out)
     cpu = time.process_time() - cpu0
-    latency = sorted(cluster.dispatch_latency)
-
-    def q(x: float) -> float:
-        return latency[min(len(latency) - 1, int(x * len(latency)))] * 1000 if latency else 0.0
-
     return SimReport(
         rows=rows,
         shards=len(shards),
@@ -191,8 +177,8 @@ def simulate_job(
         driver_cpu_s=cpu,
         driver_cpu_ms_per_shard=cpu / len(shards) * 1000,
         driver_peak_rss_mib=peak_rss_mib(),
-        dispatch_p50_ms=q(0.5),
-        dispatch_p99_ms=q(0.99),
+        dispatch_p50_ms=pool.dispatch_latency_ms(0.5),
+        dispatch_p99_ms=pool.dispatch_latency_ms(0.99),
         backup_copies=pool.backups,
         journal_appends=appends,
         shards_recorded_twice=twice,
