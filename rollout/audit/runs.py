@@ -99,6 +99,26 @@ def iter_rows(
             raise InputError(where, f"{path.name} cannot be read: {exc}") from None
 
 
+def verify_shard_file(path: Path) -> tuple[str, int]:
+    """Recompute every row's hashes from its contents, a record batch at a time; return
+    (shard_digest, rows). Raises ValueError naming the first row out of order or not
+    matching its stored hashes: a file changed after it was written is never trusted."""
+    hashes: list[str] = []
+    last: tuple[int, int] | None = None
+    for batch in list_batches(path, COLUMNS):
+        rows = Rows(batch)
+        for i, key in enumerate(zip(rows.row_index, rows.sample_index, strict=True)):
+            if last is not None and key <= last:
+                raise ValueError(f"{path.name}: rows out of order at row_index {key[0]}")
+            if not rows.consistent[i]:
+                raise ValueError(
+                    f"{path.name}: row_index {key[0]} sample {key[1]} does not match its hashes"
+                )
+            last = key
+        hashes += rows.row_hash
+    return determinism.shard_digest(hashes), len(hashes)
+
+
 def list_batches(path: Path, columns: list[str]) -> Iterator[pa.RecordBatch]:
     return pq.ParquetFile(path).iter_batches(
         batch_size=BATCH_ROWS, columns=columns, use_threads=False

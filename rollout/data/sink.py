@@ -162,32 +162,3 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def verify_shard_file(path: Path) -> tuple[str, int]:
-    """Recompute every row's hashes from its contents; return (shard_digest, rows).
-
-    Raises ValueError naming the first row whose stored hashes do not match its
-    contents: a file changed after it was written is never trusted.
-    """
-    columns = ["row_index", "example_id", "sample_index", "seq_seed", "prompt_token_ids",
-               "output_token_ids", "finish_reason", "prompt_hash", "output_hash", "row_hash"]  # fmt: skip
-    table = pq.read_table(path, columns=columns)
-    hashes: list[str] = []
-    last: tuple[int, int] | None = None
-    for row in table.to_pylist():
-        key = (row["row_index"], row["sample_index"])
-        if last is not None and key <= last:
-            raise ValueError(f"{path.name}: rows out of order at row_index {key[0]}")
-        last = key
-        ph = determinism.token_hash(row["prompt_token_ids"])
-        oh = determinism.token_hash(row["output_token_ids"])
-        rh = determinism.row_hash(
-            row["example_id"], row["sample_index"], row["seq_seed"], ph, oh, row["finish_reason"]
-        )
-        if (ph, oh, rh) != (row["prompt_hash"], row["output_hash"], row["row_hash"]):
-            raise ValueError(
-                f"{path.name}: row_index {key[0]} sample {key[1]} does not match its hashes"
-            )
-        hashes.append(rh)
-    return determinism.shard_digest(hashes), len(hashes)

@@ -27,8 +27,9 @@ from typing import Any, Protocol
 import pyarrow.parquet as pq
 
 from rollout import determinism
+from rollout.audit.runs import verify_shard_file
 from rollout.data.prompts import check_columns
-from rollout.data.sink import ROW_GROUP_ROWS, file_sha256, fsync_dir, verify_shard_file
+from rollout.data.sink import ROW_GROUP_ROWS, file_sha256, fsync_dir
 from rollout.data.sources import Source
 from rollout.errors import ConfigError, InputError
 from rollout.jobs.config_diff import config_diff

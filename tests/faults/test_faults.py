@@ -199,7 +199,7 @@ def remount(mount: Path, mode: str) -> None:
 
 def recorded_shards_verify(run: Path) -> list[int]:
     """The shards the failed run recorded; each one's file is whole and matches its digest."""
-    from rollout.data.sink import verify_shard_file
+    from rollout.audit.runs import verify_shard_file
 
     manifest = Manifest.load(run)
     assert manifest is not None and not (run / "data").exists()
