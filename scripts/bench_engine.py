@@ -26,9 +26,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from rollout.cpu.weights import ensure_cached  # noqa: E402
 from rollout.determinism import seq_seed  # noqa: E402
 from rollout.engines import GenerationRequest, create_engine  # noqa: E402
+from rollout.engines.smollm2.weights import ensure_cached  # noqa: E402
 from rollout.sampling_params import SamplingParams  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -18,10 +18,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from rollout.cpu.numerics import request_strict_gemm
-
-request_strict_gemm()
-
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 

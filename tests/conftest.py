@@ -8,12 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from rollout.cpu.numerics import request_strict_gemm
-
 FAKES = Path(__file__).parent / "fakes"
 
-# Before this process's first matrix multiply, as every rollout entry point does.
-request_strict_gemm()
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 

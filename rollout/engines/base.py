@@ -163,6 +163,12 @@ class Engine(ABC):
         """The most tokens (prompt + output) one sequence may hold."""
 
     @classmethod
+    def process_env(cls, options: dict[str, Any]) -> dict[str, str]:
+        """Environment variables that a process running this engine must start with: the
+        switches its numerics read at first use. Engine actors are started with them."""
+        return {}
+
+    @classmethod
     def token_decoder(cls, fingerprint: dict[str, Any]) -> Callable[[int], str] | None:
         """Token id -> its text (special tokens shown), for the engine that made a run with
         this fingerprint, without loading weights; None where no tokenizer is at hand."""

@@ -4,24 +4,25 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from rollout.cpu.numerics import STRICT_SETTING, request_strict_gemm
 
-
-def actor_env() -> dict[str, str]:
+def actor_env(spec_json: str) -> dict[str, str]:
     """The environment an engine actor's process starts with (the one place it is set):
-    MKL's strict mode before any matrix multiply, and nothing fetched from a hub."""
+    nothing fetched from a hub, and what the job's engine asks for (`Engine.process_env`)."""
+    from rollout.engines import engine_class
     from rollout.runtime import faults
 
-    return {
-        "MKL_CBWR": os.environ.get("MKL_CBWR", STRICT_SETTING),
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-    } | faults.env()
+    engine = json.loads(spec_json)["engine"]
+    return (
+        {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        | engine_class(engine["name"]).process_env(engine.get("options") or {})
+        | faults.env()
+    )
 
 
 def resource_group_name() -> str:
@@ -50,7 +51,6 @@ class EngineWorker:
     """Holds one started engine and the job's input; runs shards. Wrapped by `ray.remote`."""
 
     def __init__(self, spec_json: str, shard_dir: str, row_counts: list[int]) -> None:
-        request_strict_gemm()  # in case the process was started without actor_env()
         from rollout.data.sources import Source
         from rollout.engines import create_engine
         from rollout.errors import InputError

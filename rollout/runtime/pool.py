@@ -50,7 +50,7 @@ class RayRuntime:
             num_cpus=num_cpus,
             num_gpus=num_gpus,
             max_restarts=0,
-            runtime_env={"env_vars": actor_env()},
+            runtime_env={"env_vars": actor_env(actor_args[0])},
         )
         self._args = actor_args
 

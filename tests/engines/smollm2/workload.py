@@ -64,9 +64,6 @@ def as_records(results: list[GenerationResult]) -> list[dict]:
 
 
 if __name__ == "__main__":
-    from rollout.cpu.numerics import request_strict_gemm
-
-    request_strict_gemm()
     from rollout.engines import create_engine
 
     max_num_seqs = int(sys.argv[2])

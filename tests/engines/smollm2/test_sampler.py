@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rollout.cpu.sampler import sample_row, splitmix64, uniform
+from rollout.engines.smollm2.sampler import sample_row, splitmix64, uniform
 from rollout.sampling_params import SamplingParams
 
 

@@ -17,9 +17,12 @@ from functools import cached_property
 
 import numpy as np
 
+from rollout.engines.smollm2 import kernels
 from rollout.sampling_params import SamplingParams
 
-SAMPLER_VERSION = "rollout-sampler-v1"
+# v2: exp, its sum and log from the fixed-order kernels (v1 used numpy's, whose SIMD
+# variants differ between CPUs)
+SAMPLER_VERSION = "rollout-sampler-v2"
 _MASK64 = (1 << 64) - 1
 _PROBE = 256  # candidates examined before falling back to a full sort
 
@@ -57,20 +60,22 @@ def _top_candidates(x: np.ndarray, count: int) -> np.ndarray:
 
 
 class _Scaled:
-    """One row's scaled logits with exp(x - max) and its float64 sum, each computed once:
-    the draw and the logprobs of a token share them."""
+    """One row's scaled logits with exp(x - max) and its float64 sum, each computed once
+    (by the fixed-order kernels): the draw and the logprobs of a token share them."""
 
     def __init__(self, x: np.ndarray) -> None:
         self.x = x
         self.m = x.max()
-        self.probs = np.exp(x - self.m)  # float32, unnormalised
+        self.probs, self.total = kernels.exp_shifted(x, self.m)  # float32, unnormalised
 
     @cached_property
-    def total(self) -> float:
-        return self.probs.sum(dtype=np.float64)
+    def log_total(self) -> float:
+        return kernels.log(self.total)
 
     def logprobs(self, ids: np.ndarray) -> np.ndarray:
-        return ((self.x[ids].astype(np.float64) - self.m) - np.log(self.total)).astype(np.float32)
+        return ((self.x[ids].astype(np.float64) - float(self.m)) - self.log_total).astype(
+            np.float32
+        )
 
 
 def sample_row(logits: np.ndarray, params: SamplingParams, seed: int, position: int) -> Sampled:

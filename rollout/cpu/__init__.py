@@ -1,1 +1,0 @@
-"""Pieces of the embedded CPU engine: weights cache, batch-invariant Llama forward, sampler."""
