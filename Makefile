@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml Makefile proto/rollout/v1/rollout.proto rollout/engines
 	# gRPC code from proto/ (generated here, never committed).
 	$(PY) -m rollout.api.proto
 	# The smollm2 engine's fixed-order CPU kernels (also built on first use if missing).
-	$(PY) -m rollout.engines.smollm2.kernels
+	$(PY) -c 'from rollout.engines.smollm2.kernels import main; main()'
 	touch $(STAMP)
 
 demo: install

@@ -26,8 +26,16 @@
 #define ROLLOUT_KERNELS_VERSION 1
 int rl_version(void) { return ROLLOUT_KERNELS_VERSION; }
 
+/* The portable code is cloned for CPUs with a hardware FMA (fmaf inlined, not a libm
+   call); fmaf's result is defined exactly, so every clone gives the same bits. */
+#if defined(__x86_64__) && !defined(ROLLOUT_PORTABLE_ONLY)
+#define PORTABLE __attribute__((target_clones("fma", "default")))
+#else
+#define PORTABLE
+#endif
+
 int rl_has_avx2(void) {
-#if defined(__x86_64__)
+#if defined(__x86_64__) && !defined(ROLLOUT_PORTABLE_ONLY)
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #else
@@ -169,7 +177,7 @@ AVX2 static void gemm_block_avx2(const float *x, long ldx, int mr, const float *
 }
 #endif
 
-void rl_gemm(const float *x, long ldx, int M, const float *w, long ldw, int N, int K, float *y,
+PORTABLE void rl_gemm(const float *x, long ldx, int M, const float *w, long ldw, int N, int K, float *y,
              long ldy, int threads, int simd) {
   int nblocks = (N + NR - 1) / NR;
   for (int m0 = 0; m0 < M; m0 += MC) {
@@ -194,7 +202,7 @@ void rl_gemm(const float *x, long ldx, int M, const float *w, long ldw, int N, i
 }
 
 /* ---- RMSNorm: y = weight * (x * (1 / sqrt(dot(x, x) / K + eps))) ------------------- */
-void rl_rms_norm(const float *x, long ldx, int M, int K, const float *weight, float eps, float *y,
+PORTABLE void rl_rms_norm(const float *x, long ldx, int M, int K, const float *weight, float eps, float *y,
                  long ldy, int threads, int simd) {
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && M > 8)
   for (int r = 0; r < M; r++) {
@@ -261,7 +269,7 @@ AVX2 static int axpy_avx2(float e, const float *v, float *acc, int d) {
 #endif
 
 /* ---- SwiGLU: out = (g / (1 + exp(-g))) * u, gate_up = [g | u] ----------------------- */
-void rl_silu_mul(const float *gu, long ld, int M, int inter, float *out, long ldo, int threads,
+PORTABLE void rl_silu_mul(const float *gu, long ld, int M, int inter, float *out, long ldo, int threads,
                  int simd) {
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && M > 1)
   for (int r = 0; r < M; r++) {
@@ -276,7 +284,7 @@ void rl_silu_mul(const float *gu, long ld, int M, int inter, float *out, long ld
 }
 
 /* ---- exp(x - m) over a row, and its sum in float64 (8 lanes, the fixed tree) --------- */
-double rl_exp_shifted(const float *x, int n, float m, float *probs, int simd) {
+PORTABLE double rl_exp_shifted(const float *x, int n, float m, float *probs, int simd) {
   double l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int i = 0;
 #if defined(__x86_64__)
@@ -303,12 +311,10 @@ double rl_log(double x) {
     m *= 2.0;
     e -= 1;
   }
-  double s = (m - 1.0) / (m + 1.0), s2 = s * s, term = s, sum = 0.0;
-  for (int k = 1; k <= 41; k += 2) { /* |s| <= 0.1716: 21 odd terms reach 2^-53 */
-    sum += term / (double)k;
-    term *= s2;
-  }
-  return (double)e * 0.69314718055994530942 + 2.0 * sum;
+  double s = (m - 1.0) / (m + 1.0), s2 = s * s, p = 1.0 / 41.0;
+  for (int k = 39; k >= 1; k -= 2) p = p * s2 + 1.0 / (double)k; /* |s| <= 0.1716: 2^-53 by k = 41 */
+  /* ln2 split as fdlibm does (the high part has trailing zeros: e * LN2_HI is exact) */
+  return (double)e * 6.93147180369123816490e-01 + ((double)e * 1.90821492927058770002e-10 + 2.0 * s * p);
 }
 
 /* ---- attention of one query row over its sequence's KV cache ------------------------
@@ -318,7 +324,7 @@ double rl_log(double x) {
  * its position, then each (row, head) is computed: scores by dot(), softmax with
  * rexp and an 8-lane sum, and the weighted sum of values in key order. q must be
  * scaled by 1/sqrt(d) already. */
-void rl_attention(int rows, int heads, int kv_heads, int d, int layer, const float *q, long ldq,
+PORTABLE void rl_attention(int rows, int heads, int kv_heads, int d, int layer, const float *q, long ldq,
                   const float *k, long ldk, const float *v, long ldv, const int64_t *cache,
                   const int64_t *cap, const int32_t *pos, float *out, long ldo, int threads,
                   int simd) {

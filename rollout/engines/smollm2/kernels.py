@@ -14,6 +14,7 @@ install` builds it ahead (`python -m rollout.engines.smollm2.kernels`).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -21,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 
@@ -34,14 +36,13 @@ SOURCE = Path(__file__).with_name("kernels.c")
 # -ffp-contract=off: the compiler must not fuse a * b + c where the source does not.
 FLAGS = ["-O3", "-std=gnu11", "-fPIC", "-shared", "-fopenmp", "-ffp-contract=off", "-fno-fast-math"]
 KERNELS_VERSION = "rollout-cpu-kernels-v1"
-_c_float_p = ctypes.POINTER(ctypes.c_float)
 _P = ctypes.c_void_p
 _L = ctypes.c_long
 _I = ctypes.c_int
 
 
 def _compiler() -> str:
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    cc = shutil.which(os.environ.get("CC") or "cc") or shutil.which("gcc")
     if not cc:
         raise EngineError(
             "the smollm2 engine compiles its CPU kernels with a C compiler, and none was found "
@@ -50,16 +51,20 @@ def _compiler() -> str:
     return cc
 
 
-def _library_path() -> Path:
+def _library_path(flags: list[str]) -> Path:
     cc = _compiler()
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + version.encode())
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode() + version.encode())
     return cache_root() / "kernels" / key.hexdigest()[:20] / "librollout_kernels.so"
 
 
-def build() -> Path:
-    """Compile the kernels unless this source, these flags and this compiler built them already."""
-    target = _library_path()
+def build(extra_flags: tuple[str, ...] = ()) -> Path:
+    """Compile the kernels unless this source, these flags and this compiler built them already.
+
+    `extra_flags=("-DROLLOUT_PORTABLE_ONLY",)` builds only the plain C path (fmaf from the
+    C library), which the tests compare with the default build."""
+    flags = [*FLAGS, *extra_flags]
+    target = _library_path(flags)
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -67,7 +72,7 @@ def build() -> Path:
     torch_lib = Path(torch.__file__).parent / "lib"
     fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=target.parent)
     os.close(fd)
-    cmd = [_compiler(), *FLAGS, "-o", tmp, str(SOURCE), "-lm"]
+    cmd = [_compiler(), *flags, "-o", tmp, str(SOURCE), "-lm"]
     if (torch_lib / "libgomp.so.1").exists():
         cmd += [f"-Wl,-rpath,{torch_lib}"]
     try:
@@ -83,9 +88,27 @@ def build() -> Path:
     return target
 
 
-@cache
+_active: tuple[str, ...] = ()  # the extra build flags of the library in use
+
+
+@contextlib.contextmanager
+def using_build(extra_flags: tuple[str, ...]) -> Iterator[None]:
+    """Run the kernels of another build of the same source (the tests' portable-only one)."""
+    global _active
+    before, _active = _active, extra_flags
+    try:
+        yield
+    finally:
+        _active = before
+
+
 def _lib() -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(build()))
+    return _load(_active)
+
+
+@cache
+def _load(extra_flags: tuple[str, ...]) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(build(extra_flags)))
     lib.rl_gemm.argtypes = [_P, _L, _I, _P, _L, _I, _I, _P, _L, _I, _I]
     lib.rl_rms_norm.argtypes = [_P, _L, _I, _I, _P, ctypes.c_float, _P, _L, _I, _I]
     lib.rl_silu_mul.argtypes = [_P, _L, _I, _I, _P, _L, _I, _I]
@@ -97,13 +120,17 @@ def _lib() -> ctypes.CDLL:
     return lib
 
 
-@cache
 def simd() -> int:
     """1 when the AVX2+FMA kernels run, 0 for the portable ones (forced by ROLLOUT_KERNELS=generic)."""
+    return _simd(_active)
+
+
+@cache
+def _simd(extra_flags: tuple[str, ...]) -> int:
     choice = os.environ.get("ROLLOUT_KERNELS", "auto")
     if choice not in ("auto", "generic"):
         raise EngineError(f"ROLLOUT_KERNELS must be auto or generic, got {choice!r}")
-    return 0 if choice == "generic" else int(_lib().rl_has_avx2())
+    return 0 if choice == "generic" else int(_load(extra_flags).rl_has_avx2())
 
 
 def path_name() -> str:
@@ -197,6 +224,7 @@ def attention(
     return out
 
 
-if __name__ == "__main__":  # `make install`: build ahead of the first engine start
+def main() -> None:
+    """`make install`: build ahead of the first engine start."""
     path = build()
     print(f"built {path} ({path_name()} kernels on this CPU)", file=sys.stderr)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.engines import workload
+from tests.engines.smollm2 import workload
 
 pytestmark = pytest.mark.slow
 SCRIPT = Path(workload.__file__)
@@ -30,17 +30,24 @@ def start_child(
     limit: int | None = None,
     threads: int | None = None,
     every: int = 1,
+    env: dict[str, str] | None = None,
+    reverse: bool = False,
 ) -> subprocess.Popen:
-    env = dict(os.environ)
+    child_env = dict(os.environ) | (env or {})
     if threads:
-        env |= {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+        child_env |= {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     cmd = [sys.executable, str(SCRIPT), str(out), str(max_num_seqs), str(limit or "-"), str(every)]
-    return subprocess.Popen(cmd, env=env, cwd=SCRIPT.parents[2])
+    cmd += ["--reverse"] if reverse else []
+    return subprocess.Popen(cmd, env=child_env, cwd=SCRIPT.parents[3])
+
+
+def child_output(proc: subprocess.Popen, out: Path) -> dict:
+    assert proc.wait(timeout=1800) == 0
+    return json.loads(out.read_text())
 
 
 def child_records(proc: subprocess.Popen, out: Path) -> list[dict]:
-    assert proc.wait(timeout=1800) == 0
-    return json.loads(out.read_text())
+    return child_output(proc, out)["records"]
 
 
 def run_in_child(out: Path, max_num_seqs: int, **kw) -> list[dict]:

@@ -148,8 +148,39 @@ def test_fingerprint_names_everything_that_decides_output(smollm2):
     assert fp["engine"] == "smollm2" and fp["model"] == "SmolLM2-135M-Instruct.Q4_1.gguf"
     assert len(fp["weights_sha256"]) == 64 and fp["dtype"] == "float32"
     assert fp["batch_invariant"] is True  # the start-up self-test passed on this CPU
-    assert fp["sampler"] == "rollout-sampler-v1" and fp["max_model_len"] == 2048
-    assert fp["gemm"]["mkl_cbwr"] == "AUTO,STRICT" and fp["gemm"]["blas"] == "mkl"
+    assert fp["sampler"] == "rollout-sampler-v2" and fp["max_model_len"] == 2048
+    assert fp["engine_version"] == "2" and fp["machine"] in ("x86_64", "aarch64")
+    assert fp["numerics"]["kernels"] == "rollout-cpu-kernels-v1"
+    assert len(fp["numerics"]["rope_sha256"]) == 64
+    # what gives the same bits is not in it: the SIMD path, the BLAS, the CPU capability
+    assert "gemm" not in fp and "cpu_capability" not in str(fp)
+
+
+def test_the_kernels_compute_what_torch_operators_compute(smollm2):
+    """The fixed-order forward is the same function as the torch-operator one, to float
+    precision: the same greedy tokens, logits within 1e-3."""
+    import torch
+
+    from rollout.engines.smollm2.llama import KVCache, LlamaCPU
+    from rollout.engines.smollm2.reference import LlamaTorch
+
+    model = smollm2._model
+    prompts = [smollm2.encode(t) for t in ("The capital of France is", "def add(a, b):\n   ", "Hi")]
+
+    def run(cls):
+        model.__class__ = cls
+        try:
+            caches = [KVCache(model.cfg, len(p) + 6) for p in prompts]
+            steps = [model.prefill(prompts, caches)]
+            for _ in range(5):
+                steps.append(model.decode([int(t) for t in steps[-1].argmax(-1)], caches))
+            return torch.stack(steps)
+        finally:
+            model.__class__ = LlamaCPU
+
+    ours, theirs = run(LlamaCPU), run(LlamaTorch)
+    assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
+    assert (ours - theirs).abs().max() < 1e-3
 
 
 def test_second_start_loads_the_cached_weights(smollm2, smollm2_factory):

@@ -1,7 +1,8 @@
 """The batch-invariance workload: 64 prompts of 1 to 400 tokens, sampled, 48 new tokens.
 
-Also a script: `python tests/engines/workload.py OUT.json MAX_NUM_SEQS [LIMIT]` runs it
-in a fresh process and writes the results, for the cross-process comparisons.
+Also a script: `python tests/engines/smollm2/workload.py OUT.json MAX_NUM_SEQS [LIMIT|-]
+[EVERY] [--reverse]` runs it in a fresh process and writes the results and what the process
+ran (kernel path, torch's CPU capability, threads), for the cross-process comparisons.
 """
 
 from __future__ import annotations
@@ -64,12 +65,25 @@ def as_records(results: list[GenerationResult]) -> list[dict]:
 
 
 if __name__ == "__main__":
-    from rollout.engines import create_engine
+    import torch
 
-    max_num_seqs = int(sys.argv[2])
+    from rollout.engines import create_engine
+    from rollout.engines.smollm2 import kernels
+
+    out, max_num_seqs = sys.argv[1], int(sys.argv[2])
     limit = int(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[3] != "-" else None
     every = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+    reverse = "--reverse" in sys.argv
     with create_engine("smollm2", max_num_seqs=max_num_seqs) as engine:
-        records = as_records(engine.generate(requests(engine, limit, every)))
-    with open(sys.argv[1], "w") as f:
-        json.dump(records, f)
+        reqs = requests(engine, limit, every)
+        results = engine.generate(reqs[::-1] if reverse else reqs)
+        records = as_records(results[::-1] if reverse else results)
+        # what this process actually ran, so that a test can tell a forced path took effect
+        ran = {
+            "kernels": kernels.path_name(),
+            "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "threads": torch.get_num_threads(),
+            "batch_invariant": engine.fingerprint()["batch_invariant"],
+        }
+    with open(out, "w") as f:
+        json.dump({"records": records, "ran": ran}, f)
