@@ -1,7 +1,9 @@
-"""The determinism contract v1 (shared/DETERMINISM.md): the one place for seeds and hashes.
+"""The determinism contract (shared/DETERMINISM.md): the one place for seeds and hashes.
 
-Outside tools recompute these values from a run's files, so every formula here is
-part of a public interface. Never change v1; add a v2 beside it.
+Outside tools recompute these values from a run's files, so every formula here is part
+of a public interface. v1 never changes; v2 (new runs) adds the logprobs and top
+logprobs to the row hash and a run digest of its own. A run's manifest names its version
+(`determinism`), and every reader computes by that version.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from typing import Any, Literal
 import numpy as np
 
 UINT64_MAX = 2**64 - 1
+CONTRACT_VERSIONS: tuple[str, ...] = ("v1", "v2")
+CURRENT_VERSION = "v2"  # what new runs write
 FinishReason = Literal["stop", "length"]
 FINISH_REASONS: tuple[str, ...] = ("stop", "length")
 
@@ -80,6 +84,60 @@ def row_hash(
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def row_hash_v2(
+    example_id: str,
+    sample_index: int,
+    seed: int,
+    prompt_hash: str,
+    output_hash: str,
+    finish_reason: str,
+    logprobs_hash: str,
+    top_logprobs_hash: str,
+) -> str:
+    """v2: the v1 fields, then the logprobs and top logprobs hashes ("" when not recorded)."""
+    if finish_reason not in FINISH_REASONS:
+        raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, got {finish_reason!r}.")
+    text = (
+        "rollout-row-v2\n"
+        f"{example_id}\n{sample_index}\n{seed}\n"
+        f"{prompt_hash}\n{output_hash}\n{finish_reason}\n"
+        f"{logprobs_hash}\n{top_logprobs_hash}"
+    )
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def logprobs_hash(logprobs: Sequence[float] | np.ndarray | None) -> str:
+    """v2: sha256 of the logprobs as little-endian float32; "" when none were recorded."""
+    if logprobs is None:
+        return ""
+    return hashlib.sha256(np.asarray(logprobs, dtype="<f4").tobytes()).hexdigest()
+
+
+def logprobs_hashes(
+    offsets: np.ndarray, values: np.ndarray, valid: np.ndarray | None = None
+) -> list[str]:
+    """`logprobs_hash` of every row of a flat float32 list column (an Arrow list array's
+    buffers); "" for rows where `valid` is False (no logprobs recorded)."""
+    data = memoryview(np.ascontiguousarray(values, dtype="<f4")).cast("B")
+    bounds = (np.asarray(offsets, dtype=np.int64) * 4).tolist()
+    sha256 = hashlib.sha256
+    hashes = [sha256(data[a:b]).hexdigest() for a, b in itertools.pairwise(bounds)]
+    if valid is not None:
+        hashes = [h if ok else "" for h, ok in zip(hashes, valid.tolist(), strict=True)]
+    return hashes
+
+
+def top_logprobs_hash(positions: Iterable[tuple[Sequence[int], Sequence[float]]] | None) -> str:
+    """v2: sha256 over the positions of (token ids as <i4, logprobs as <f4); "" when none."""
+    if positions is None:
+        return ""
+    h = hashlib.sha256()
+    for ids, lps in positions:
+        h.update(np.asarray(ids, dtype="<i4").tobytes())
+        h.update(np.asarray(lps, dtype="<f4").tobytes())
+    return h.hexdigest()
+
+
 def shard_digest(row_hashes_in_order: Iterable[str]) -> str:
     """Digest of one shard; rows must be sorted by (row_index, sample_index)."""
     h = hashlib.sha256()
@@ -88,12 +146,21 @@ def shard_digest(row_hashes_in_order: Iterable[str]) -> str:
     return h.hexdigest()
 
 
-def run_digest(row_hashes_in_order: Iterable[str]) -> str:
-    """Digest of a whole run; rows must be sorted by (row_index, sample_index)."""
-    h = hashlib.sha256(b"rollout-run-v1\n")
+def run_digest(row_hashes_in_order: Iterable[str], version: str) -> str:
+    """Digest of a whole run of contract `version`; rows sorted by (row_index, sample_index)."""
+    check_version(version)
+    h = hashlib.sha256(f"rollout-run-{version}\n".encode("ascii"))
     for rh in row_hashes_in_order:
         h.update(rh.encode("ascii") + b"\n")
     return h.hexdigest()
+
+
+def check_version(version: str) -> str:
+    if version not in CONTRACT_VERSIONS:
+        raise ValueError(
+            f"determinism version must be one of {CONTRACT_VERSIONS}, got {version!r}."
+        )
+    return version
 
 
 def canonical_json(value: Any) -> bytes:

@@ -62,7 +62,7 @@ def write_run(folder: Path, rows: int, seed: int, change: bool) -> None:
             finish_reason=["length"] * n,
             output_logprobs=list_array(offsets, logprobs.ravel(), pa.float32()),
         )
-        table, hashes = shard_table(output_schema(True, False, []), ShardRows(
+        table, hashes = shard_table(output_schema(True, False, []), determinism.CURRENT_VERSION, ShardRows(
             row_index=list(range(start, end)), example_id=ids, sample_index=[0] * n,
             seq_seed=[determinism.seq_seed(1, eid, 0) for eid in ids], prompt=[None] * n,
             generated=generated,
@@ -72,7 +72,8 @@ def write_run(folder: Path, rows: int, seed: int, change: bool) -> None:
         shards.append(ShardEntry(sid, start, end, name, True, end - start,
                                  determinism.shard_digest(hashes)))  # fmt: skip
     Manifest(determinism.config_hash(CONFIG), CONFIG, CONFIG["engine"], rows, SHARD, shards,
-             status="complete", run_digest="(not computed)", rows=rows).save(folder)  # fmt: skip
+             status="complete", run_digest="(not computed)", rows=rows,
+             determinism=determinism.CURRENT_VERSION).save(folder)  # fmt: skip
 
 
 def measure(a: Path, b: Path) -> dict:

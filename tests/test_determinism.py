@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -89,11 +90,43 @@ def test_run_and_shard_digests():
         )
         for i in range(3)
     ]
-    assert d.run_digest(rows) == "b45a74301f936565cb0afc098049dbd5cb18d709105206eee3fbcf08fa255993"
+    assert (
+        d.run_digest(rows, "v1")
+        == "b45a74301f936565cb0afc098049dbd5cb18d709105206eee3fbcf08fa255993"
+    )
     assert (
         d.shard_digest(rows) == "e951c4b39d2c49371a9c7676dc1aaf59b84302940abc157611ad7ff5f771ba18"
     )
-    assert d.run_digest(reversed(rows)) != d.run_digest(rows)
+    assert d.run_digest(reversed(rows), "v1") != d.run_digest(rows, "v1")
+    assert d.run_digest(rows, "v2") != d.run_digest(rows, "v1")
+    with pytest.raises(ValueError, match="determinism version must be one of"):
+        d.run_digest(rows, "v3")
+
+
+def test_v2_vectors_of_the_contract():
+    """shared/DETERMINISM.md, v2: example 17, sample 3, job_seed 42, prompt [1, 2, 3]."""
+    seed = d.seq_seed(42, "17", 3)
+    ph, oh = d.token_hash([1, 2, 3]), d.token_hash([5, 6])
+    assert oh == "f1833c11f88585608c320b53224d2642b97af5fdb9cae59c13fcab53f37c4b06"
+    lh = d.logprobs_hash([-0.5, -1.25])
+    assert lh == "34bea0d1df1de51219c2d3a6c5925e8cfce2340be76f296c48349ef17087b6f4"
+    th = d.top_logprobs_hash([([5, 9], [-0.5, -1.0]), ([6, 7], [-1.25, -2.0])])
+    assert th == "fde5ebd71c65da666d6b86b70417d9ff1062c5bc0a640ecf4e4e0d2e202ae2cd"
+    full = d.row_hash_v2("17", 3, seed, ph, oh, "length", lh, th)
+    assert full == "f48f4ad8c92b5e2ea915f698e379e513dd258a256de9bf4de8650317e38acd6b"
+    empty = d.row_hash_v2("17", 3, seed, ph, d.token_hash([]), "length", "", "")
+    assert empty == "571e243dfbca0ae536c6b317b13c1dc2cf5d84041b66da48e271d55ebe18b6ce"
+    assert d.run_digest([full, empty], "v2") == (
+        "d757b3dcccfd5ae492c6f1015420ea6fa2c6b851a6c572cd21ba35405afb4a30"
+    )
+    assert d.logprobs_hash(None) == "" and d.top_logprobs_hash(None) == ""
+    # the batched form over an Arrow-style flat column, null rows giving ""
+    offsets, values = np.array([0, 2, 2, 2]), np.array([-0.5, -1.25], np.float32)
+    assert d.logprobs_hashes(offsets, values, np.array([True, True, False])) == [
+        lh,
+        d.logprobs_hash([]),
+        "",
+    ]
 
 
 def test_config_hash_is_canonical():

@@ -20,6 +20,7 @@ def run_info(run: RunDir) -> RunInfo:
         run_digest=m.run_digest or "",
         rows=m.rows or 0,
         engine=str(m.engine.get("engine", "")),
+        determinism=m.determinism,
     )
 
 

@@ -57,9 +57,14 @@ def divergence(ra: Rows, i: int, rb: Rows, j: int) -> Divergence | None:
     elif lp_a is not None and lp_b is not None and len(lp_a) == len(lp_b):
         # bit patterns, so that NaN == NaN and -0.0 != 0.0
         pos = first_difference(lp_a.view(np.uint32), lp_b.view(np.uint32))
-        if pos is None:
+        if pos is not None:
+            kind = "logprobs"
+        elif ra.top_hash[i] and rb.top_hash[j] and ra.top_hash[i] != rb.top_hash[j]:
+            kind = "top_logprobs"  # v2 covers them: the same tokens, other alternatives
+        else:
             return None
-        kind = "logprobs"
+    elif ra.top_hash[i] and rb.top_hash[j] and ra.top_hash[i] != rb.top_hash[j]:
+        kind = "top_logprobs"
     else:
         return None
     start = max(0, (pos or 0) - CONTEXT)
@@ -128,7 +133,7 @@ def compare_streams(
         report.inconsistent_a += _check(inconsistent, ra, i)
         report.inconsistent_b += _check(inconsistent, rb, j)
         d = None
-        if ra.row_hash[i] != rb.row_hash[j] or ra.logprobs(i) is not None:
+        if ra.row_hash[i] != rb.row_hash[j] or ra.logprobs(i) is not None or ra.top_hash[i]:
             d = divergence(ra, i, rb, j)
         if d is None:
             report.identical += 1

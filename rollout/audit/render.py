@@ -48,10 +48,12 @@ def render_text(r: AuditReport, limit: int = 20) -> str:
     ]
     if r.sample:
         lines.append(f"sample: {r.sample}")
+    lines += [f"note: {n}" for n in r.notes]
     lines.append(table([
         ["", "A", "B"],
         ["config_hash", _short(r.a.config_hash), _short(r.b.config_hash)],
         ["run_digest", _short(r.a.run_digest), _short(r.b.run_digest)],
+        ["determinism", r.a.determinism or "-", r.b.determinism or "-"],
         ["rows", str(r.a.rows), str(r.b.rows)],
         ["missing here", str(r.missing_in_a), str(r.missing_in_b)],
         ["hash mismatches", str(r.inconsistent_a), str(r.inconsistent_b)],
@@ -143,6 +145,7 @@ def render_html(r: AuditReport) -> str:
             ("run", r.a.label, r.b.label),
             ("config_hash", r.a.config_hash, r.b.config_hash),
             ("run_digest", r.a.run_digest, r.b.run_digest),
+            ("determinism contract", r.a.determinism, r.b.determinism),
             ("rows", r.a.rows, r.b.rows),
             ("missing here", r.missing_in_a, r.missing_in_b),
             ("stored hashes not matching contents", r.inconsistent_a, r.inconsistent_b),

@@ -20,6 +20,7 @@ class RunInfo:
     run_digest: str
     rows: int
     engine: str
+    determinism: str = ""  # the run's contract version (v1, v2); "" for regenerated rows
 
 
 @dataclass
@@ -29,7 +30,7 @@ class Divergence:
     row_index: int
     sample_index: int
     example_id: str
-    kind: str  # seed | prompt | tokens | finish_reason | logprobs | example_id
+    kind: str  # seed | prompt | tokens | finish_reason | logprobs | top_logprobs | example_id
     position: int | None  # first output position where the token ids (or logprob bits) differ
     token_a: int | None  # None: side A's output ended before `position`
     token_b: int | None
@@ -69,6 +70,7 @@ class AuditReport:
     b: RunInfo
     verdict: str = IDENTICAL
     reasons: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # said, but not deciding the verdict
     config_equal: bool = True
     config_diff: list[ConfigDifference] = field(default_factory=list)
     compared: int = 0
@@ -110,6 +112,12 @@ class AuditReport:
                 f"in A, {self.inconsistent_b} in B (changed after they were written)"
             )
         self.reasons = reasons
+        va, vb = self.a.determinism, self.b.determinism
+        if va and vb and va != vb:
+            self.notes.append(
+                f"run A follows determinism contract {va}, run B {vb}: rows are compared by "
+                "their contents, but the two run digests are not comparable"
+            )
         if not self.config_equal or self.compared == 0:
             self.verdict = INCOMPARABLE
         elif reasons:

@@ -1,9 +1,10 @@
 """A finished run directory read as a stream of rows in (row_index, sample_index) order.
 
 Rows come one Parquet record batch at a time, so a run of any size is read in bounded
-memory. Each batch carries its rows' hashes recomputed from their contents (the v1
-formulas in rollout.determinism): a row is judged by what it holds, not by the hashes
-stored beside it, and a row whose stored hashes disagree with its contents is flagged.
+memory. Each batch carries its rows' hashes recomputed from their contents (by the run's
+determinism contract version, v1 or v2, in rollout.determinism): a row is judged by what
+it holds, not by the hashes stored beside it, and a row whose stored hashes disagree with
+its contents is flagged.
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ import pyarrow.parquet as pq
 
 from rollout import determinism
 from rollout.data.columns import list_slices
+from rollout.data.sink import top_positions_hash
 from rollout.errors import InputError
 from rollout.runtime.manifest import JOB, Manifest
 
 COLUMNS = ["row_index", "example_id", "sample_index", "seq_seed", "prompt_token_ids",
            "output_token_ids", "finish_reason", "prompt_hash", "output_hash", "row_hash"]  # fmt: skip
+OPTIONAL = ["output_logprobs", "top_logprobs"]  # read where a run recorded them
 BATCH_ROWS = 4096
 
 
@@ -61,6 +64,10 @@ class RunDir:
     def has_logprobs(self) -> bool:
         return bool(self.manifest.config.get("sampling", {}).get("logprobs"))
 
+    @property
+    def determinism(self) -> str:
+        return self.manifest.determinism
+
     def shard_files(self) -> Iterator[tuple[int, Path]]:
         for entry in self.manifest.shards:  # shards are row ranges in order
             path = self.path / "data" / entry.file
@@ -73,40 +80,41 @@ class RunDir:
     ) -> Iterator[tuple[tuple[int, int], Rows, int]]:
         """(key, batch, i) for every row in order; `keep` (a boolean mask per batch) filters."""
         files = (path for _, path in self.shard_files())
-        return iter_rows(files, self.has_logprobs(), f"run {self.label!r}", keep)
+        return iter_rows(files, self.determinism, f"run {self.label!r}", keep)
 
 
 def iter_rows(
     files: Iterable[Path],
-    logprobs: bool,
+    version: str,
     where: str,
     keep: Callable[[pa.RecordBatch], np.ndarray] | None = None,
 ) -> Iterator[tuple[tuple[int, int], Rows, int]]:
-    """(key, batch, i) for every row of `files` (shard files, in row order)."""
-    columns = COLUMNS + (["output_logprobs"] if logprobs else [])
+    """(key, batch, i) for every row of `files` (shard files of a run of determinism
+    contract `version`, in row order)."""
     for path in files:
         try:
-            batches = list_batches(path, columns)
+            batches = list_batches(path)
             for batch in batches:
                 if keep is not None:
                     batch = batch.filter(pa.array(keep(batch)))
                 if not batch.num_rows:
                     continue
-                rows = Rows(batch)
+                rows = Rows(batch, version)
                 for i, key in enumerate(zip(rows.row_index, rows.sample_index, strict=True)):
                     yield key, rows, i
         except (OSError, pa.ArrowException) as exc:
             raise InputError(where, f"{path.name} cannot be read: {exc}") from None
 
 
-def verify_shard_file(path: Path) -> tuple[str, int]:
-    """Recompute every row's hashes from its contents, a record batch at a time; return
-    (shard_digest, rows). Raises ValueError naming the first row out of order or not
-    matching its stored hashes: a file changed after it was written is never trusted."""
+def verify_shard_file(path: Path, version: str) -> tuple[str, int]:
+    """Recompute every row's hashes from its contents (contract `version`), a record batch
+    at a time; return (shard_digest, rows). Raises ValueError naming the first row out of
+    order or not matching its stored hashes: a file changed after it was written is never
+    trusted."""
     hashes: list[str] = []
     last: tuple[int, int] | None = None
-    for batch in list_batches(path, COLUMNS):
-        rows = Rows(batch)
+    for batch in list_batches(path):
+        rows = Rows(batch, version)
         for i, key in enumerate(zip(rows.row_index, rows.sample_index, strict=True)):
             if last is not None and key <= last:
                 raise ValueError(f"{path.name}: rows out of order at row_index {key[0]}")
@@ -119,10 +127,13 @@ def verify_shard_file(path: Path) -> tuple[str, int]:
     return determinism.shard_digest(hashes), len(hashes)
 
 
-def list_batches(path: Path, columns: list[str]) -> Iterator[pa.RecordBatch]:
-    return pq.ParquetFile(path).iter_batches(
-        batch_size=BATCH_ROWS, columns=columns, use_threads=False
-    )
+def list_batches(path: Path, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
+    """The file's record batches: `columns`, or the ones a row's hashes are computed from."""
+    file = pq.ParquetFile(path)
+    if columns is None:
+        present = set(file.schema_arrow.names)
+        columns = COLUMNS + [c for c in OPTIONAL if c in present]
+    return file.iter_batches(batch_size=BATCH_ROWS, columns=columns, use_threads=False)
 
 
 class Rows:
@@ -140,8 +151,9 @@ class Rows:
     _prompt: tuple[np.ndarray, np.ndarray]
     _output: tuple[np.ndarray, np.ndarray]
     _logprobs: tuple[np.ndarray, np.ndarray] | None
+    top_hash: list[str]  # recomputed v2 top_logprobs_hash ("" when none recorded)
 
-    def __init__(self, batch: pa.RecordBatch) -> None:
+    def __init__(self, batch: pa.RecordBatch, version: str) -> None:
         col = batch.column
         self.row_index = col("row_index").to_pylist()
         self.sample_index = col("sample_index").to_pylist()
@@ -158,11 +170,26 @@ class Rows:
         self.prompt_hash, self.row_hash, self.consistent = [], [], []
         prompt_hashes = determinism.token_hashes(*self._prompt)
         output_hashes = determinism.token_hashes(*self._output)
-        for i in range(batch.num_rows):
+        n = batch.num_rows
+        lp_hashes = self.top_hash = [""] * n
+        if "output_logprobs" in names:
+            valid = col("output_logprobs").is_valid().to_numpy(zero_copy_only=False)
+            lp_hashes = determinism.logprobs_hashes(*self._logprobs, valid=valid)  # type: ignore[misc]
+        if "top_logprobs" in names:
+            self.top_hash = [
+                top_positions_hash(None if top is None else [[(e["token_id"], e["logprob"]) for e in pos] for pos in top])
+                for top in col("top_logprobs").to_pylist()
+            ]  # fmt: skip
+        v1 = determinism.check_version(version) == "v1"
+        for i in range(n):
             ph, oh = prompt_hashes[i], output_hashes[i]
             finish = self.finish_reason[i]
+            key = (self.example_id[i], self.sample_index[i], self.seq_seed[i], ph, oh, finish)
             try:
-                rh = determinism.row_hash(self.example_id[i], self.sample_index[i], self.seq_seed[i], ph, oh, finish)  # fmt: skip
+                if v1:
+                    rh = determinism.row_hash(*key)
+                else:
+                    rh = determinism.row_hash_v2(*key, lp_hashes[i], self.top_hash[i])
             except ValueError:  # a finish_reason outside the contract: never consistent
                 rh = f"invalid finish_reason {finish!r}"
             self.prompt_hash.append(ph)

@@ -84,7 +84,8 @@ def plan_sample(run: RunDir, sample: Sample) -> Plan:
         ri = table.column("row_index").to_numpy()[local]
         si = table.column("sample_index").to_numpy()[local]
         keys = tuple(zip(ri.tolist(), si.tolist(), strict=True))
-        tasks.append(ShardTask(entry.shard_id, entry.start, entry.end, samples=keys))
+        tasks.append(ShardTask(entry.shard_id, entry.start, entry.end, samples=keys,
+                               determinism=run.determinism))  # fmt: skip
         files.append(path)
         codes.append(ri.astype(np.int64) * n + si)
     keys = np.concatenate(codes) if codes else np.zeros(0, np.int64)
@@ -137,10 +138,8 @@ def verify_run(
 
         compare_streams(
             report,
-            iter_rows(plan.files, run.has_logprobs(), f"run {run.label!r}", keep=selected),
-            iter_rows(
-                sorted(folder.glob("part-*.parquet")), run.has_logprobs(), "regenerated rows"
-            ),
+            iter_rows(plan.files, run.determinism, f"run {run.label!r}", keep=selected),
+            iter_rows(sorted(folder.glob("part-*.parquet")), run.determinism, "regenerated rows"),
             max_examples,
             progress,
             len(codes),

@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from rollout import determinism
+from rollout.data.sink import top_positions_hash
 from rollout.engines import ENGINES, GenerationRequest, create_engine
 from rollout.errors import ConfigError, config_error_from_validation
 from rollout.sampling_params import SamplingParams
@@ -96,9 +97,19 @@ def run(args: argparse.Namespace) -> int:
         "finish_reason": result.finish_reason,
         "prompt_hash": prompt_hash,
         "output_hash": output_hash,
-        "row_hash": determinism.row_hash(
-            example_id, sample_index, seed, prompt_hash, output_hash, result.finish_reason
-        ),
+        "logprobs_hash": determinism.logprobs_hash(result.output_logprobs),
+        "top_logprobs_hash": top_positions_hash(result.top_logprobs),
+        "row_hash": determinism.row_hash_v2(
+            example_id,
+            sample_index,
+            seed,
+            prompt_hash,
+            output_hash,
+            result.finish_reason,
+            determinism.logprobs_hash(result.output_logprobs),
+            top_positions_hash(result.top_logprobs),
+        ),  # fmt: skip
+        "determinism": determinism.CURRENT_VERSION,
         "engine": fingerprint,
     }
     if result.output_logprobs is not None:

@@ -70,9 +70,10 @@ class ShardRows:
     carried: dict[str, pa.Array | pa.ChunkedArray] = field(default_factory=dict)
 
 
-def shard_table(schema: pa.Schema, rows: ShardRows) -> tuple[pa.Table, list[str]]:
-    """The shard's output table and its rows' row_hash values. Output hashes are taken
-    straight from the token buffers; the n samples of a row share one prompt hash."""
+def shard_table(schema: pa.Schema, version: str, rows: ShardRows) -> tuple[pa.Table, list[str]]:
+    """The shard's output table and its rows' row_hash values (determinism contract
+    `version`). Output and logprobs hashes are taken straight from the Arrow buffers; the n
+    samples of a row share one prompt hash."""
     g = rows.generated
     offsets, values = list_slices(g.output_token_ids)
     output_hashes = determinism.token_hashes(offsets, values)
@@ -85,13 +86,25 @@ def shard_table(schema: pa.Schema, rows: ShardRows) -> tuple[pa.Table, list[str]
     first_hashes = determinism.token_hashes(*list_slices(prompt_ids), rows=firsts)
     repeats = np.diff(firsts + [len(rows.row_index)]).tolist()
     prompt_hashes = [ph for ph, k in zip(first_hashes, repeats, strict=True) for _ in range(k)]
-    row_hash = determinism.row_hash
-    row_hashes = [
-        row_hash(*key)
-        for key in zip(rows.example_id, rows.sample_index, rows.seq_seed, prompt_hashes,
-                       output_hashes, g.finish_reason, strict=True)
-    ]  # fmt: skip
-    n = len(row_hashes)
+    n = len(rows.row_index)
+    keys = zip(rows.example_id, rows.sample_index, rows.seq_seed, prompt_hashes, output_hashes,
+               g.finish_reason, strict=True)  # fmt: skip
+    if determinism.check_version(version) == "v1":
+        row_hashes = [determinism.row_hash(*key) for key in keys]
+    else:
+        lp_hashes = [""] * n
+        if "output_logprobs" in schema.names and g.output_logprobs is not None:
+            lp_hashes = determinism.logprobs_hashes(
+                *list_slices(g.output_logprobs),
+                valid=g.output_logprobs.is_valid().to_numpy(zero_copy_only=False),
+            )
+        top_hashes = [""] * n
+        if "top_logprobs" in schema.names and g.top_logprobs is not None:
+            top_hashes = [top_positions_hash(top) for top in g.top_logprobs]
+        row_hashes = [
+            determinism.row_hash_v2(*key, lp, top)
+            for key, lp, top in zip(keys, lp_hashes, top_hashes, strict=True)
+        ]
     columns: dict[str, pa.Array | pa.ChunkedArray] = {
         "row_index": pa.array(rows.row_index, pa.int64()),
         "example_id": pa.array(rows.example_id, pa.string()),
@@ -120,6 +133,15 @@ def shard_table(schema: pa.Schema, rows: ShardRows) -> tuple[pa.Table, list[str]
             schema.field("top_logprobs").type,
         )  # fmt: skip
     return pa.Table.from_arrays([columns[name] for name in schema.names], schema=schema), row_hashes
+
+
+def top_positions_hash(top: list[list[tuple[int, float]]] | None) -> str:
+    """`determinism.top_logprobs_hash` of one row's top logprobs as engines give them."""
+    if top is None:
+        return ""
+    return determinism.top_logprobs_hash(
+        ([t for t, _ in pos], [lp for _, lp in pos]) for pos in top
+    )
 
 
 def file_sha256(path: Path) -> str:

@@ -59,6 +59,8 @@ class Manifest:
     run_digest: str | None = None
     rows: int | None = None
     version: str = VERSION
+    # the determinism contract the run's hashes follow; manifests from before v2 lack it
+    determinism: str = "v1"
 
     @classmethod
     def load(cls, out_dir: Path) -> Manifest | None:

@@ -159,22 +159,22 @@ def _report_duplicate(source: Source, column: str, hashes: set[int]) -> None:
             row += 1
 
 
-def _verify(path: str) -> tuple[str, int | None, str | None]:
+def _verify(path: str, version: str) -> tuple[str, int | None, str | None]:
     try:
-        digest, rows = verify_shard_file(Path(path))
+        digest, rows = verify_shard_file(Path(path), version)
         return digest, rows, file_sha256(Path(path))
     except (OSError, ValueError) as exc:
         return str(exc), None, None
 
 
-def verify_files(paths: list[Path]) -> dict[str, tuple[str, int | None, str | None]]:
+def verify_files(paths: list[Path], version: str) -> dict[str, tuple[str, int | None, str | None]]:
     """(shard_digest, rows, file sha256) of each file recomputed from its bytes, or (why not,
     None, None); run as Ray tasks, so that a resume's re-hashing is spread over the cluster,
     not the driver."""
     import ray
 
     task = ray.remote(num_cpus=1)(_verify)
-    refs = [task.remote(str(p)) for p in paths]
+    refs = [task.remote(str(p), version) for p in paths]
     return {p.name: r for p, r in zip(paths, ray.get(refs), strict=True)}
 
 
@@ -234,7 +234,9 @@ class JobRunner:
             if self.progress:
                 self.progress.start(manifest)
             todo = [
-                ShardTask(s.shard_id, s.start, s.end) for s in manifest.shards if not s.complete
+                ShardTask(s.shard_id, s.start, s.end, determinism=manifest.determinism)
+                for s in manifest.shards
+                if not s.complete
             ]
 
             def recorded(result: ShardResult) -> None:
@@ -274,7 +276,8 @@ class JobRunner:
         )
         if not folder.is_dir() and (self.out / DATA).is_dir():
             folder = self.out / DATA
-        return verify_files([folder / e.file for e in existing.shards if e.complete])
+        complete = [folder / e.file for e in existing.shards if e.complete]
+        return verify_files(complete, existing.determinism)
 
     def _existing_manifest(self) -> Manifest | None:
         if not self.out.exists():
@@ -299,7 +302,8 @@ class JobRunner:
         staging = self.out / STAGING
         if existing is None:
             manifest = Manifest(chash, config, config["engine"], total, self.spec.shard_size,
-                                plan_shards(total, self.spec.shard_size))  # fmt: skip
+                                plan_shards(total, self.spec.shard_size),
+                                determinism=determinism.CURRENT_VERSION)  # fmt: skip
             shutil.rmtree(staging, ignore_errors=True)
             staging.mkdir()
             manifest.save(self.out)
@@ -355,7 +359,9 @@ class JobRunner:
 
     def _finish(self, manifest: Manifest, resumed: int, started: float, pool: Any) -> RunSummary:
         staging = self.out / STAGING
-        hashes_digest = determinism.run_digest(self._row_hashes(manifest, staging))
+        hashes_digest = determinism.run_digest(
+            self._row_hashes(manifest, staging), manifest.determinism
+        )
         manifest.rows = sum(s.rows or 0 for s in manifest.shards)
         skipped = [row for s in manifest.shards for row in s.skipped]
         tmp = self.out / f".{ERRORS}.tmp"

@@ -32,6 +32,8 @@ class ShardTask:
     # Only these (row_index, sample_index) pairs, for re-checking a sample of a run
     # (`rollout verify`); None: every row and sample of the range.
     samples: tuple[tuple[int, int], ...] | None = None
+    # the determinism contract of the run's row hashes (a resumed v1 run stays v1)
+    determinism: str = determinism.CURRENT_VERSION
 
     @property
     def file_name(self) -> str:
@@ -132,6 +134,7 @@ def run_shard(
     )
     out_table, hashes = shard_table(
         schema,
+        task.determinism,
         ShardRows(
             row_index=row_indices,
             example_id=example_ids,

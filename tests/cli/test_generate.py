@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import struct
 import subprocess
 import sys
 
@@ -34,8 +36,12 @@ def test_generate_json_carries_seed_and_hashes():
     assert rec["finish_reason"] == "length"
     assert rec["prompt_hash"] == determinism.token_hash(rec["prompt_token_ids"])
     assert rec["output_hash"] == determinism.token_hash(rec["output_token_ids"])
-    assert rec["row_hash"] == determinism.row_hash(
-        "0", 0, rec["seq_seed"], rec["prompt_hash"], rec["output_hash"], "length"
+    # v2: the row hash covers the logprobs, as recorded (float32 bits)
+    lp_hash = hashlib.sha256(struct.pack(f"<{len(rec['output_logprobs'])}f", *rec["output_logprobs"])).hexdigest()  # fmt: skip
+    assert rec["determinism"] == "v2" and rec["logprobs_hash"] == lp_hash
+    assert rec["top_logprobs_hash"] == ""
+    assert rec["row_hash"] == determinism.row_hash_v2(
+        "0", 0, rec["seq_seed"], rec["prompt_hash"], rec["output_hash"], "length", lp_hash, ""
     )
     assert rec["engine"]["engine"] == "smollm2"
     again = json.loads(rollout("generate", "Once upon a time", "--temperature", "0.9", "--seed",

@@ -205,7 +205,7 @@ def recorded_shards_verify(run: Path) -> list[int]:
     assert manifest is not None and not (run / "data").exists()
     done = [e for e in manifest.shards if e.complete]
     for entry in done:
-        assert verify_shard_file(run / ".incomplete" / entry.file) == (
+        assert verify_shard_file(run / ".incomplete" / entry.file, manifest.determinism) == (
             entry.shard_digest,
             entry.rows,
         )

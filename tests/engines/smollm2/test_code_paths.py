@@ -15,7 +15,11 @@ from pathlib import Path
 import pytest
 
 from tests.engines.smollm2 import workload
-from tests.engines.smollm2.test_batch_invariance import assert_bitwise_equal, child_output, start_child
+from tests.engines.smollm2.test_batch_invariance import (
+    assert_bitwise_equal,
+    child_output,
+    start_child,
+)
 
 pytestmark = pytest.mark.slow
 
