@@ -17,7 +17,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -41,6 +41,7 @@ from rollout.errors import (
     config_error_from_validation,
 )
 
+CUBLAS_WORKSPACE = ":4096:8"  # cuBLAS's deterministic workspace setting (device: cuda)
 # Bump when anything that changes this engine's numerics or sampling changes.
 # 2: fixed-order kernels (kernels.c) instead of MKL's GEMM in strict mode.
 ENGINE_VERSION = "2"
@@ -68,6 +69,12 @@ class SmolLM2Options(BaseModel):
         2048,
         ge=2,
         description="The most tokens (prompt + output) per sequence; at most the model's 8,192.",
+    )
+    device: Literal["cpu", "cuda"] = Field(
+        "cpu",
+        description="cpu: the fixed-order C kernels (the same bits on every x86-64 CPU); cuda: a "
+        "CUDA GPU, batch-invariant by fixed-shape calls (docs/ENGINE.md). Runs on the two "
+        "devices differ in the last bits, and their fingerprints say so.",
     )
 
 
@@ -132,7 +139,10 @@ class SmolLM2Engine(HFTokenizerEngine):
                 f"must be <= the model's {cfg.max_position_embeddings} positions, "
                 f"got {self.options.max_model_len}",
             )
-        self._model = LlamaCPU(cfg, cached.state_dict())
+        if self.options.device == "cuda":
+            self._model = self._cuda_model(cfg, cached.state_dict())
+        else:
+            self._model = LlamaCPU(cfg, cached.state_dict())
         eos = hf_config.get("eos_token_id")
         self._eos = frozenset([eos] if isinstance(eos, int) else (eos or []))
         problems = check_invariance(self._model)
@@ -159,23 +169,47 @@ class SmolLM2Engine(HFTokenizerEngine):
             "sampler": SAMPLER_VERSION,
             "batch_invariant": not problems,
             "torch": torch.__version__,
-            # What decides the bits besides the weights: the kernels' summation orders and
-            # the rotary tables (C library cos/sin). Not the SIMD path, the BLAS, the thread
-            # count or the CPU vendor: those give the same bits (docs/ENGINE.md).
-            "numerics": {
-                "kernels": kernels.KERNELS_VERSION,
-                "rope_sha256": self._model.rope_sha256(),
-            },
+            "numerics": self._numerics(),
             "machine": platform.machine(),
         }
         self.converted_weights = cached.converted_now
         self.start_seconds = time.monotonic() - started
         _log(f"smollm2 engine ready in {self.start_seconds:.1f} s (pid {os.getpid()})")
 
+    @staticmethod
+    def _cuda_model(cfg: LlamaConfig, state: dict[str, torch.Tensor]) -> LlamaCPU:
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                "engine.options.device",
+                "cuda",
+                "no CUDA GPU is visible to this process (torch.cuda.is_available() is false); "
+                "use device: cpu, or give the engine actors a GPU (pool.gpus_per_actor: 1)",
+            )
+        # cuBLAS is deterministic only with a fixed workspace, read when CUDA starts in the
+        # process: engine actors get it from process_env, a process of the user's here.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+        from rollout.engines.smollm2.tiled import LlamaTiled
+
+        return LlamaTiled(cfg, state, "cuda")
+
+    def _numerics(self) -> dict[str, Any]:
+        """What decides the bits besides the weights (docs/ENGINE.md). On the CPU: the kernels'
+        summation orders and the rotary tables (C library cos/sin); not the SIMD path, the
+        BLAS, the thread count or the CPU vendor, which give the same bits."""
+        model = self._require_started()
+        info: dict[str, Any] = {"rope_sha256": model.rope_sha256()}
+        numerics = getattr(model, "numerics", None)
+        if numerics is not None:  # the GPU forward says what decides its bits
+            return info | numerics()
+        return info | {"kernels": kernels.KERNELS_VERSION}
+
     @classmethod
     def process_env(cls, options: dict[str, Any]) -> dict[str, str]:
         # The kernel path choice travels to the actors (the tests force the portable one).
-        return {k: os.environ[k] for k in ("ROLLOUT_KERNELS",) if k in os.environ}
+        env = {k: os.environ[k] for k in ("ROLLOUT_KERNELS",) if k in os.environ}
+        if options.get("device") == "cuda":
+            env["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE
+        return env
 
     @classmethod
     def token_decoder(cls, fingerprint: dict[str, Any]) -> Callable[[int], str] | None:
@@ -243,7 +277,7 @@ class SmolLM2Engine(HFTokenizerEngine):
                     batch.append(waiting.popleft())
                     tokens += n
                 for seq in batch:
-                    seq.cache = KVCache(model.cfg, seq.capacity)
+                    seq.cache = model.new_cache(seq.capacity)
                 logits = model.prefill([s.prompt for s in batch], [s.cache for s in batch])
                 stepped = batch
                 running.extend(batch)
@@ -252,7 +286,7 @@ class SmolLM2Engine(HFTokenizerEngine):
                     [s.stop.token_ids[-1] for s in running], [s.cache for s in running]
                 )
                 stepped = running
-            rows = logits.numpy()
+            rows = logits.cpu().numpy()  # sampling runs on the CPU kernels, for any device
             finished: set[int] = set()
             for row, seq in zip(rows, stepped, strict=True):
                 position = len(seq.stop.token_ids)

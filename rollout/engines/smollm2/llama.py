@@ -74,10 +74,12 @@ class KVCache:
 
     GROW = 256
 
-    def __init__(self, cfg: LlamaConfig, capacity: int) -> None:
+    def __init__(self, cfg: LlamaConfig, capacity: int, device: torch.device | str = "cpu") -> None:
         self.cfg = cfg
         self.length = 0
-        self.data = torch.empty(cfg.num_layers, 2, cfg.num_kv_heads, max(capacity, 1), cfg.head_dim)
+        self.data = torch.empty(
+            cfg.num_layers, 2, cfg.num_kv_heads, max(capacity, 1), cfg.head_dim, device=device
+        )
 
     @property
     def capacity(self) -> int:
@@ -88,7 +90,9 @@ class KVCache:
         if length <= capacity:
             return
         new_cap = max(length, capacity + self.GROW)
-        grown = torch.empty(*self.data.shape[:3], new_cap, self.data.shape[4])
+        grown = torch.empty(
+            *self.data.shape[:3], new_cap, self.data.shape[4], device=self.data.device
+        )
         grown[:, :, :, :capacity] = self.data
         self.data = grown
 
@@ -108,6 +112,8 @@ def rope_tables(cfg: LlamaConfig) -> tuple[torch.Tensor, torch.Tensor]:
 
 class LlamaCPU:
     """The model: weights fused per layer (q|k|v and gate|up) and the forward passes."""
+
+    device = torch.device("cpu")
 
     def __init__(self, cfg: LlamaConfig, state: dict[str, torch.Tensor]) -> None:
         self.cfg = cfg
@@ -138,14 +144,23 @@ class LlamaCPU:
 
     def rope_sha256(self) -> str:
         """Checksum of the rotary tables: the one input computed with the C library's math."""
-        return hashlib.sha256(self.cos.numpy().tobytes() + self.sin.numpy().tobytes()).hexdigest()
+        tables = self.cos.cpu().numpy().tobytes() + self.sin.cpu().numpy().tobytes()
+        return hashlib.sha256(tables).hexdigest()
+
+    def new_cache(self, capacity: int) -> KVCache:
+        """A KV cache for one sequence, where this model computes."""
+        return KVCache(self.cfg, capacity, self.device)
 
     # -- pieces -------------------------------------------------------------------------
+    def _linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return kernels.gemm(x, w)
+
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return kernels.rms_norm(x, weight, self.cfg.rms_norm_eps)
 
     def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x: (rows, heads, head_dim); positions: (rows,)."""
+        positions = positions.to(self.cos.device)
         cos = self.cos[positions][:, None, :]
         sin = self.sin[positions][:, None, :]
         half = x.shape[-1] // 2
@@ -155,7 +170,7 @@ class LlamaCPU:
     def _attention(self, li: int, layer: _Layer, x: torch.Tensor, rows: _Rows) -> torch.Tensor:
         """The attention block of layer `li` for these rows, residual included."""
         cfg = self.cfg
-        qkv = kernels.gemm(self._norm(x, layer.attn_norm), layer.w_qkv)
+        qkv = self._linear(self._norm(x, layer.attn_norm), layer.w_qkv)
         n = qkv.shape[0]
         q = qkv[:, : self.q_size].reshape(n, cfg.num_heads, cfg.head_dim)
         k = qkv[:, self.q_size : self.q_size + self.kv_size].reshape(n, cfg.num_kv_heads, cfg.head_dim)  # fmt: skip
@@ -167,15 +182,15 @@ class LlamaCPU:
             q, k, v, li, rows.cache_ptrs, rows.caps, rows.pos32,
             cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
         )  # fmt: skip
-        return x + kernels.gemm(attn, layer.w_o)
+        return x + self._linear(attn, layer.w_o)
 
     def _mlp(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
-        gate_up = kernels.gemm(self._norm(x, layer.mlp_norm), layer.w_gate_up)
+        gate_up = self._linear(self._norm(x, layer.mlp_norm), layer.w_gate_up)
         act = kernels.silu_mul(gate_up, self.cfg.intermediate_size)
-        return x + kernels.gemm(act, layer.w_down)
+        return x + self._linear(act, layer.w_down)
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        return kernels.gemm(self._norm(x, self.final_norm), self.lm_head)
+        return self._linear(self._norm(x, self.final_norm), self.lm_head)
 
     def gemm_weights(self) -> list[torch.Tensor]:
         """Every distinct weight shape the passes multiply by, for the self-test."""
@@ -183,7 +198,7 @@ class LlamaCPU:
         return [layer.w_qkv, layer.w_o, layer.w_gate_up, layer.w_down, self.lm_head]
 
     def _forward(self, tokens: torch.Tensor, rows: _Rows) -> torch.Tensor:
-        x = self.embed[tokens]
+        x = self.embed[tokens.to(self.embed.device)]
         for li, layer in enumerate(self.layers):
             x = self._attention(li, layer, x, rows)
             x = self._mlp(layer, x)
@@ -202,7 +217,7 @@ class LlamaCPU:
         for cache, n in zip(caches, lengths, strict=True):
             cache.length = n
         last = torch.tensor(np.cumsum(lengths) - 1, dtype=torch.long)
-        return self._logits(x[last].contiguous())
+        return self._logits(x[last.to(x.device)].contiguous())
 
     @torch.inference_mode()
     def decode(self, tokens: Sequence[int], caches: Sequence[KVCache]) -> torch.Tensor:

@@ -21,17 +21,20 @@ class LlamaTorch(LlamaCPU):
         var = x.pow(2).mean(-1, keepdim=True)
         return weight * (x * torch.rsqrt(var + self.cfg.rms_norm_eps))
 
+    def _linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, w)
+
     def _mlp(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
         inter = self.cfg.intermediate_size
-        gate_up = F.linear(self._norm(x, layer.mlp_norm), layer.w_gate_up)
-        return x + F.linear(F.silu(gate_up[:, :inter]) * gate_up[:, inter:], layer.w_down)
+        gate_up = self._linear(self._norm(x, layer.mlp_norm), layer.w_gate_up)
+        return x + self._linear(F.silu(gate_up[:, :inter]) * gate_up[:, inter:], layer.w_down)
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(self._norm(x, self.final_norm), self.lm_head)
+        return self._linear(self._norm(x, self.final_norm), self.lm_head)
 
     def _attention(self, li: int, layer: _Layer, x: torch.Tensor, rows: _Rows) -> torch.Tensor:
         cfg = self.cfg
-        qkv = F.linear(self._norm(x, layer.attn_norm), layer.w_qkv)
+        qkv = self._linear(self._norm(x, layer.attn_norm), layer.w_qkv)
         n = qkv.shape[0]
         q = qkv[:, : self.q_size].reshape(n, cfg.num_heads, cfg.head_dim)
         k = qkv[:, self.q_size : self.q_size + self.kv_size].reshape(n, cfg.num_kv_heads, cfg.head_dim)  # fmt: skip
@@ -39,21 +42,22 @@ class LlamaTorch(LlamaCPU):
         q = self._rope(q, rows.positions) * self.scale
         k = self._rope(k, rows.positions)
         group = cfg.num_heads // cfg.num_kv_heads
-        out = torch.empty(n, self.q_size)
+        out = torch.empty(n, self.q_size, device=x.device)
         # rows of one sequence are contiguous: split where the cache changes
         bounds = np.flatnonzero(np.diff(rows.cache_ptrs)) + 1
         for a, b in zip([0, *bounds], [*bounds, n], strict=True):
             cache = rows.caches[a]
             pos = rows.pos32[a:b]
-            cache.data[li, 0, :, pos] = k[a:b].transpose(0, 1)
-            cache.data[li, 1, :, pos] = v[a:b].transpose(0, 1)
+            at = torch.from_numpy(pos.astype(np.int64)).to(x.device)
+            cache.data[li, 0, :, at] = k[a:b].transpose(0, 1)
+            cache.data[li, 1, :, at] = v[a:b].transpose(0, 1)
             keys = int(pos[-1]) + 1
             ks = cache.data[li, 0, :, :keys]  # (kv, keys, d)
             vs = cache.data[li, 1, :, :keys]
             qs = q[a:b].transpose(0, 1).reshape(cfg.num_kv_heads, group, b - a, cfg.head_dim)
             scores = torch.matmul(qs, ks.unsqueeze(1).transpose(-1, -2))  # (kv, g, rows, keys)
-            future = torch.from_numpy(np.arange(keys)[None, :] > pos[:, None])
+            future = torch.from_numpy(np.arange(keys)[None, :] > pos[:, None]).to(x.device)
             probs = scores.masked_fill(future, float("-inf")).softmax(-1)
             o = torch.matmul(probs, vs.unsqueeze(1))  # (kv, g, rows, d)
             out[a:b] = o.reshape(cfg.num_heads, b - a, cfg.head_dim).transpose(0, 1).reshape(b - a, -1)  # fmt: skip
-        return x + F.linear(out, layer.w_o)
+        return x + self._linear(out, layer.w_o)

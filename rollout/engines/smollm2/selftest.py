@@ -21,7 +21,7 @@ from collections.abc import Iterator
 import torch
 
 from rollout.engines.smollm2 import kernels
-from rollout.engines.smollm2.llama import KVCache, LlamaCPU
+from rollout.engines.smollm2.llama import LlamaCPU
 
 ROW_COUNTS = (2, 3, 7, 16, 33, 64, 130)
 HEAD_ROW_COUNTS = (2, 7, 16)  # the LM head is 85x the others: fewer calls
@@ -37,24 +37,32 @@ def _threads(n: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+def _uses_kernels(model: LlamaCPU) -> bool:
+    """The CPU engine's own forward (the kernels), not a torch-operator one (GPU)."""
+    return type(model) is LlamaCPU
+
+
 def _gemm(model: LlamaCPU, gen: torch.Generator) -> list[str]:
     problems: list[str] = []
-    paths = (1, 0) if kernels.simd() else (0,)
+    device = model.device
     for w in model.gemm_weights():
         counts = HEAD_ROW_COUNTS if w is model.lm_head else ROW_COUNTS
-        probe = torch.randn(1, w.shape[1], generator=gen)
-        alone = kernels.gemm(probe, w)[0]
+        probe = torch.randn(1, w.shape[1], generator=gen).to(device)
+        alone = model._linear(probe, w)[0]
         for rows in counts:
             middle = int(torch.randint(0, rows, (1,), generator=gen))
             for position in sorted({0, middle, rows - 1}):
-                x = torch.randn(rows, w.shape[1], generator=gen)
+                x = torch.randn(rows, w.shape[1], generator=gen).to(device)
                 x[position] = probe[0]
-                if not torch.equal(kernels.gemm(x, w)[position], alone):
+                if not torch.equal(model._linear(x, w)[position], alone):
                     problems.append(f"GEMM by a {tuple(w.shape)} weight: a row's result changes at position {position} of {rows} rows")  # fmt: skip
+        if not _uses_kernels(model):
+            continue
         # Kernel paths and thread counts on 5 rows; the first 4,096 outputs of the LM head
         # suffice (an output's order does not depend on how many there are).
         x = torch.randn(5, w.shape[1], generator=gen)
         part = w[:4096]
+        paths = (1, 0) if kernels.simd() else (0,)
         reference = kernels.gemm(x, part, threads=1, path=paths[0])
         for path in paths:
             for threads in (1, max(2, torch.get_num_threads())):
@@ -67,9 +75,11 @@ def _rowwise(model: LlamaCPU, gen: torch.Generator) -> list[str]:
     cfg = model.cfg
     layer = model.layers[0]
     problems: list[str] = []
-    x = torch.randn(33, cfg.hidden_size, generator=gen) * 3
+    x = (torch.randn(33, cfg.hidden_size, generator=gen) * 3).to(model.device)
     if not torch.equal(model._norm(x, layer.attn_norm)[20], model._norm(x[20:21], layer.attn_norm)[0]):  # fmt: skip
         problems.append("RMSNorm: a row's result changes with the rows beside it")
+    if not _uses_kernels(model):
+        return problems  # SwiGLU is elementwise in torch's forward
     gu = torch.randn(33, 2 * cfg.intermediate_size, generator=gen) * 4
     inter = cfg.intermediate_size
     if not torch.equal(kernels.silu_mul(gu, inter)[5], kernels.silu_mul(gu[5:6], inter)[0]):
@@ -82,7 +92,7 @@ def _forward(model: LlamaCPU, gen: torch.Generator) -> list[str]:
     vocab = model.cfg.vocab_size
 
     def run(prompts: list[list[int]], at: int) -> tuple[torch.Tensor, torch.Tensor]:
-        caches = [KVCache(model.cfg, len(p) + 1) for p in prompts]
+        caches = [model.new_cache(len(p) + 1) for p in prompts]
         first = model.prefill(prompts, caches)
         tokens = [int(t) for t in first.argmax(-1)]
         second = model.decode(tokens, caches)
