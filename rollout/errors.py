@@ -45,6 +45,15 @@ class EngineError(RolloutError):
     """The engine cannot start or failed: fatal, never swallowed."""
 
 
+class RowError(EngineError):
+    """One request (one output row) failed in the engine while the others went on: the
+    engine rejected or stopped it. Carries the request id and the reason."""
+
+    def __init__(self, request_id: str, reason: str, detail: str) -> None:
+        self.request_id, self.reason, self.detail = request_id, reason, detail
+        super().__init__(f"request {request_id!r}: {detail} (finish reason {reason!r})")
+
+
 class EngineLost(EngineError):
     """The engine can no longer serve (a rank of a multi-process replica died): the actor
     holding it must be replaced, and its work retried elsewhere."""

@@ -1,14 +1,21 @@
-"""DeepInfer 0.1.0 (shared/DEEPINFER.md): one engine rank, the `LLM` of one GPU.
+"""DeepInfer 0.1.0: one engine rank, the `LLM` of one GPU.
 
+The reference is the package's own source (sdist 0.1.0, sha256 959b9bd0...); the stand-in
+under tests/fakes/ is checked against it by tests/engines/test_deepinfer_contract.py.
 What this module owns, and where each fact lives:
-- the determinism switches, set in the process environment before `deepinfer` is
-  imported (`deepinfer_env`); DeepInfer reads them at first use;
+- the environment of a rank process, set before `deepinfer` is imported
+  (`deepinfer_env`): the determinism switches and every variable of DeepInfer's
+  `environ.py` that changes outputs, pinned (Ray workers inherit the raylet's
+  environment, so an unpinned one could come from anywhere) and recorded in the
+  fingerprint;
 - the preflight: clear errors before any heavy work (`preflight`);
 - the adapter (`DeepInferRank`): our requests in as `prompt_token_ids`, each with its
   own `SamplingParams(seq_seed=...)`, `decode_sequence=False`; the per-token
-  `RequestOutput`s mapped back. DeepInfer has no stop strings, stop token ids or `n`:
-  the service expands `n` into requests and ends sequences with the shared StopState,
-  exactly as for every engine.
+  `RequestOutput`s (read-only attributes of a C++ object) mapped back. Every rank calls
+  `generate` in every round, with an empty list when it has nothing: the engine loop
+  all-reduces "unfinished?" across the data-parallel group at every step. DeepInfer has
+  no stop strings, stop token ids or `n`: the service expands `n` into requests and ends
+  sequences with the shared StopState, exactly as for every engine.
 A node's 8 ranks form one replica (`rollout.engines.deepinfer_replica`), which is the
 engine a job names (`engine.name: deepinfer`). `deepinfer` is never imported at module
 import: it is an optional extra that only GPU nodes have.
@@ -28,16 +35,49 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rollout.engines.base import GenerationRequest, GenerationResult, prepare_prompt
 from rollout.engines.stopping import StopState
-from rollout.errors import ConfigError, EngineError
+from rollout.errors import ConfigError, EngineError, RowError
 
-ADAPTER_VERSION = "1"
+ADAPTER_VERSION = "2"
+# rollout's own variable (DeepInfer itself never reads it): the default model folder
 MODEL_DIR_ENV = "DEEPINFER_HF_MODEL_DIR"
+# What the model folder must hold for DeepInfer to load it
+MODEL_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "model.safetensors.index.json")  # fmt: skip
+# Every rank process starts with these. Two are the determinism switches; the rest are
+# DeepInfer's defaults (environ.py), pinned so that an inherited value cannot change outputs
+# or claim host memory (the multimodal pool pins 8 GiB per rank). The contract test checks
+# each name, and each default, against the real environ.py.
 SWITCHES = {"DEEPINFER_BATCH_INVARIANT": "1", "DEEPINFER_ENABLE_MTP_VARLEN": "0"}
+PINNED_DEFAULTS = {
+    "DEEPINFER_SAMPLER_FORCE_TOPK": "0",
+    "DEEPINFER_DECODE_TOKEN_BLACKLIST": "",
+    "DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE": "off",
+    "DEEPINFER_YOCO_PREFILL_KEEP_TOKENS": "0",
+    "DEEPINFER_DFLASH_CONFIDENCE_HEAD_TEMPERATURE": "1.0",
+    "DEEPINFER_EXPERT_COUNT_WINDOW_SIZE": "100",
+    "DEEPINFER_OVERRIDE_NUM_EXTRA_EXPERTS": "0",
+    "DEEPINFER_USE_MULTIMODAL_POOL": "0",
+}
+NEXTN_ENV = "DEEPINFER_USE_NEXTN_DECODE"  # speculative (MTP) tokens per step; 0 turns it off
 EPLB_ENV = "DEEPINFER_EXPERT_REARRANGEMENT_STEP_INTERVAL"
+JIT_CACHE_ENV = "DEEPINFER_JIT_CACHE_DIR"
+EXPERT_COUNT_WINDOW = int(PINNED_DEFAULTS["DEEPINFER_EXPERT_COUNT_WINDOW_SIZE"])
+MASTER_PORT_OFFSET = (
+    50  # DeepInfer meets at tcp://MASTER_ADDR:(MASTER_PORT - 50 + engine_group_rank)
+)
+# DeepInfer's finish reasons (csrc/engine/sequence.hpp). Only the first two end a normal row.
+FINISH_OK = ("stop", "length")
+FINISH_ERRORS = {
+    "abort": "the engine aborted the request",
+    "prompt_length_exceeded": "the prompt is longer than the engine accepts (max_model_len, max_num_batched_tokens)",  # fmt: skip
+    "insufficient_system_resource": "the KV cache ran short and the engine stopped the request that held the most",  # fmt: skip
+    "xgrammar runtime errors or timeout": "structured output failed (grammar error or timeout)",
+    "ve_error": "the vision encoder failed",
+}
+LOGPROB_FLOOR = -9999.0  # DeepInfer's floor for a token's logprob
 SM100_MAJOR = 10
 INSTALL_HINT = (
     "install it on the GPU nodes with `pip install 'rollout[deepinfer]'` in a Python 3.12 "
@@ -60,16 +100,59 @@ class DeepInferOptions(BaseModel):
     max_num_seqs: int = Field(256, ge=1, description="Running sequences per engine.")
     max_model_len: int = Field(16384, ge=2, description="Prompt + output tokens per sequence.")
     max_num_batched_tokens: int | None = Field(
-        None, ge=1, description="Tokens per step per engine."
+        None,
+        ge=1,
+        description="Tokens per step per engine: at least max_num_seqs x (1 + nextn_decode), and "
+        "at least max_model_len (DeepInfer's rules); default DeepInfer's own choice.",
     )
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    nextn_decode: int = Field(
+        5,
+        ge=0,
+        le=16,
+        description=f"Speculative (MTP) tokens per decode step, {NEXTN_ENV}: outputs are "
+        "deterministic at any fixed value but depend on it, so it is pinned and recorded; 0 "
+        "turns speculative decoding off (DeepInfer's default is 5).",
+    )
     eplb_step_interval: int | None = Field(
-        None, ge=1, description="Expert rearrangement (EPLB) every N steps; off unless set."
+        None,
+        ge=EXPERT_COUNT_WINDOW,
+        description="Expert rearrangement (EPLB) every N decode steps; off unless set. At least "
+        f"the expert count window ({EXPERT_COUNT_WINDOW}), or DeepInfer refuses to start; "
+        "invariance under EPLB is not established, and it lowered throughput in a published run.",
     )
     master_port: int | None = Field(
-        None, ge=1024, le=65535, description="Rendezvous port; default: a free port per replica."
+        None,
+        ge=1024 + MASTER_PORT_OFFSET,
+        le=65535,
+        description="MASTER_PORT of the replica: DeepInfer's ranks meet at MASTER_PORT - 50 + "
+        "engine_group_rank, so concurrent replicas on one host need distinct values; default: "
+        "a free rendezvous port per replica.",
+    )
+    jit_cache_dir: str | None = Field(
+        None,
+        description=f"{JIT_CACHE_ENV}: where DeepInfer keeps compiled kernels between starts "
+        "(published cold start 298 s with a warm cache, 748 s without). Not in the fingerprint.",
     )
     start_timeout_s: float = Field(1800, gt=0, description="How long a replica may take to start.")
+
+    @model_validator(mode="after")
+    def _batched_tokens(self) -> DeepInferOptions:
+        n = self.max_num_batched_tokens
+        if n is None:
+            return self
+        decoding = self.max_num_seqs * (1 + self.nextn_decode)
+        if n < decoding:
+            raise ValueError(
+                f"max_num_batched_tokens ({n}) must be at least max_num_seqs x (1 + nextn_decode) "
+                f"= {decoding}"
+            )
+        if n < self.max_model_len:
+            raise ValueError(
+                f"max_num_batched_tokens ({n}) must be at least max_model_len ({self.max_model_len}); "
+                "DeepInfer would reject longer sequences"
+            )
+        return self
 
     def model_dir(self) -> Path:
         value = self.model or os.environ.get(MODEL_DIR_ENV)
@@ -96,26 +179,33 @@ class DeepInferOptions(BaseModel):
 
 
 def deepinfer_env(options: DeepInferOptions) -> dict[str, str]:
-    """The environment a rank process needs before `deepinfer` is imported."""
-    env = dict(SWITCHES)
-    if options.eplb_step_interval is not None:
-        env[EPLB_ENV] = str(options.eplb_step_interval)
+    """The environment a rank process needs before `deepinfer` is imported: every variable
+    that decides outputs, set explicitly (what is recorded in the fingerprint)."""
+    env = dict(SWITCHES) | PINNED_DEFAULTS
+    env[NEXTN_ENV] = str(options.nextn_decode)
+    env[EPLB_ENV] = str(options.eplb_step_interval or 0)  # 0: off (DeepInfer's default)
+    return env
+
+
+def rank_env(options: DeepInferOptions) -> dict[str, str]:
+    """deepinfer_env plus what does not change outputs (the JIT cache)."""
+    env = deepinfer_env(options)
+    if options.jit_cache_dir:
+        env[JIT_CACHE_ENV] = options.jit_cache_dir
     return env
 
 
 def apply_env(options: DeepInferOptions) -> None:
-    """Set the switches in this process; refuse if `deepinfer` was imported without them."""
-    env = deepinfer_env(options)
+    """Set the rank environment in this process; refuse if `deepinfer` was imported before."""
+    env = rank_env(options)
     if "deepinfer" in sys.modules:
         wrong = {k: os.environ.get(k) for k, v in env.items() if os.environ.get(k) != v}
-        if wrong or (EPLB_ENV not in env and os.environ.get(EPLB_ENV)):
+        if wrong:
             raise EngineError(
-                "deepinfer was imported in this process before its determinism switches were "
-                f"set ({wrong or {EPLB_ENV: os.environ.get(EPLB_ENV)}}); it reads them at first use"
+                "deepinfer was imported in this process before its switches were set "
+                f"({wrong}); it reads them at first use"
             )
     os.environ.update(env)
-    if EPLB_ENV not in env:
-        os.environ.pop(EPLB_ENV, None)
 
 
 # -- preflight -------------------------------------------------------------------------------
@@ -144,6 +234,29 @@ def query_gpus() -> list[Gpu]:
     return gpus
 
 
+# What a working DeepInfer install has besides the package: its compiled extension and the
+# kernel libraries its build script builds (none of them declared in its metadata).
+RUNTIME_MODULES = {
+    "deepinfer._C": "DeepInfer's compiled extension (built by its setup.py)",
+    "deep_gemm": "DeepGEMM (built by DeepInfer's build script)",
+    "deep_ep": "DeepEP (built by DeepInfer's build script)",
+    "flash_mla": "FlashMLA (built by DeepInfer's build script)",
+    "deep_select": "DeepSelect (built by DeepInfer's build script)",
+}
+
+
+def _missing_modules() -> list[str]:
+    missing = []
+    for module, what in RUNTIME_MODULES.items():
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            missing.append(f"{module} ({what})")
+    return missing
+
+
 def preflight(options: DeepInferOptions, needed_gpus: int) -> list[Gpu]:
     """Everything that must hold before a replica starts, each with a specific error."""
     if importlib.util.find_spec("deepinfer") is None:
@@ -154,6 +267,12 @@ def preflight(options: DeepInferOptions, needed_gpus: int) -> list[Gpu]:
             f"Python ({version}{', and deepinfer needs Python >= 3.12' if too_old else ''}): "
             + INSTALL_HINT
         )
+    missing = _missing_modules()
+    if missing:
+        raise EngineError(
+            "the deepinfer package is installed but incomplete on this node, missing: "
+            + "; ".join(missing) + ". " + INSTALL_HINT
+        )  # fmt: skip
     gpus = query_gpus()
     if not gpus:
         raise EngineError("nvidia-smi lists no GPU on this node")
@@ -170,11 +289,12 @@ def preflight(options: DeepInferOptions, needed_gpus: int) -> list[Gpu]:
             f"engines x {options.gpus_per_engine} GPUs); this node has {len(gpus)}"
         )
     model = options.model_dir()
-    if not (model / "config.json").is_file():
-        what = "does not exist" if not model.exists() else "has no config.json"
-        raise EngineError(
-            f"model directory {model} (engine.options.model or ${MODEL_DIR_ENV}) {what}"
-        )
+    where = f"model directory {model} (engine.options.model or ${MODEL_DIR_ENV})"
+    if not model.is_dir():
+        raise EngineError(f"{where} does not exist")
+    absent = [name for name in MODEL_FILES if not (model / name).is_file()]
+    if absent:
+        raise EngineError(f"{where} lacks {', '.join(absent)}: DeepInfer loads a folder holding {', '.join(MODEL_FILES)}")  # fmt: skip
     return gpus
 
 
@@ -211,6 +331,30 @@ class RankOutput:
     finish_reason: str
 
 
+def rank_versions() -> dict[str, str]:
+    """Versions of what a rank computes with (torch, CUDA, DeepInfer's kernel libraries), for
+    the fingerprint; '' for what is not installed."""
+    import importlib
+    from importlib.metadata import PackageNotFoundError, version
+
+    out: dict[str, str] = {}
+    for dist in ("deepinfer", "torch", "deep_gemm", "deep_ep", "flash_mla", "deep_select", "tilelang"):  # fmt: skip
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:  # built in place by DeepInfer's script: ask the module
+            try:
+                out[dist] = str(getattr(importlib.import_module(dist), "__version__", ""))
+            except ImportError:
+                out[dist] = ""
+    try:
+        import torch
+
+        out["cuda"] = str(torch.version.cuda or "")
+    except ImportError:
+        out["cuda"] = ""
+    return out
+
+
 class DeepInferRank:
     """One `deepinfer.entrypoints.llm.LLM` (one GPU), driven by the replica."""
 
@@ -226,6 +370,7 @@ class DeepInferRank:
         from deepinfer.entrypoints.llm import LLM
 
         self.version = str(getattr(deepinfer, "__version__", "unknown"))
+        self.versions = rank_versions() | {"deepinfer": self.version}
         self._llm = LLM(
             str(self.options.model_dir()),
             engine_rank=self.engine_rank,
@@ -233,12 +378,16 @@ class DeepInferRank:
             **self.options.engine_args(),
         )
 
+    def tokenizer(self) -> Any:
+        """The engine's own tokenizer (DeepInfer's BOS policy applied), for the replica to encode with."""
+        return self._llm.get_tokenizer()
+
     def generate(self, requests: Sequence[RankRequest]) -> list[RankOutput]:
-        """Generate this rank's share of a step; every rank is called, even with none."""
+        """Generate this rank's share of a round. Called on every rank in every round, with
+        an empty list when the rank has nothing: the engine all-reduces across the ranks at
+        every step, so a rank that skipped the call would hang the others."""
         from deepinfer.sampling_params import SamplingParams as DISamplingParams
 
-        if not requests:
-            return []
         params = []
         for r in requests:
             p = r.params
@@ -268,14 +417,14 @@ class DeepInferRank:
 
 
 def _map(index: int, steps: Sequence[Any]) -> RankOutput:
-    """Per-token RequestOutputs (C++ objects; fields are methods) -> one RankOutput."""
-    tokens = [int(s.token_id()) for s in steps]
-    logprobs = [float(s.token_logprobs()) for s in steps]
+    """Per-token RequestOutputs (C++ objects, read-only attributes) -> one RankOutput."""
+    tokens = [int(s.token_id) for s in steps]
+    logprobs = [float(s.token_logprobs) for s in steps]
     top = None
-    if steps and len(steps[0].top_token_ids()):
-        top = [list(zip(map(int, s.top_token_ids()), map(float, s.top_logprobs()), strict=True))
+    if steps and len(steps[0].top_token_ids):
+        top = [list(zip(map(int, s.top_token_ids), map(float, s.top_logprobs), strict=True))
                for s in steps]  # fmt: skip
-    reason = str(steps[-1].finish_reason()) if steps else "length"
+    reason = str(steps[-1].finish_reason) if steps else ""
     return RankOutput(index, tokens, logprobs, top, reason)
 
 
@@ -297,13 +446,18 @@ def finish(
 ) -> GenerationResult:
     """Apply the shared stop rules to a rank's tokens; the result every engine returns."""
     params = request.params
+    if out.finish_reason not in FINISH_OK:
+        # rejected or stopped by the engine: an error of this row, never a normal one (a
+        # rejected prompt's one output is its last prompt token, not generated text)
+        detail = FINISH_ERRORS.get(out.finish_reason, "the engine ended it with an unknown reason")
+        raise RowError(request.request_id, out.finish_reason, detail)
     stop = StopState(params, eos, prepared.max_tokens, decode)
     for token in out.token_ids:
         if stop.append(token):
             break
     n = len(stop.token_ids)
-    if stop.finish_reason is None:  # DeepInfer ended it (EOS) before our rules did
-        stop.finish_reason = "stop" if "length" not in out.finish_reason.lower() else "length"
+    if stop.finish_reason is None:  # DeepInfer ended it (EOS, or max_tokens) before our rules did
+        stop.finish_reason = out.finish_reason  # type: ignore[assignment]
     return GenerationResult(
         request_id=request.request_id,
         prompt_token_ids=prepared.prompt_token_ids,
@@ -315,17 +469,20 @@ def finish(
     )
 
 
-def fingerprint(options: DeepInferOptions, version: str, gpus: list[Gpu]) -> dict[str, Any]:
+def fingerprint(
+    options: DeepInferOptions, versions: dict[str, str], gpus: list[Gpu]
+) -> dict[str, Any]:
     model = options.model_dir()
     config = json.loads((model / "config.json").read_text(encoding="utf-8"))
     return {
         "engine": "deepinfer",
         "engine_version": ADAPTER_VERSION,
-        "deepinfer_version": version,
+        "deepinfer_version": versions.get("deepinfer", ""),
+        "versions": dict(sorted(versions.items())),  # torch, CUDA, the kernel libraries
         "model": config.get("_name_or_path") or model.name,
         "model_revision": options.revision,
         "weights_checksum": weights_checksum(model),
-        "switches": deepinfer_env(options) | {EPLB_ENV: str(options.eplb_step_interval or "off")},
+        "switches": deepinfer_env(options),
         "layout": {
             "engines_per_replica": options.engines_per_replica,
             "gpus_per_engine": options.gpus_per_engine,

@@ -22,19 +22,18 @@ from pydantic import ValidationError
 
 from rollout.engines.base import GenerationRequest, GenerationResult, HFTokenizerEngine
 from rollout.engines.deepinfer import (
+    MASTER_PORT_OFFSET,
     DeepInferOptions,
     DeepInferRank,
     Gpu,
     RankRequest,
-    deepinfer_env,
     fingerprint,
     finish,
     preflight,
     prepare,
+    rank_env,
 )
 from rollout.errors import EngineError, EngineLost, config_error_from_validation, first_line
-
-DEFAULT_MASTER_PORT_OFFSET = 50  # DeepInfer meets at MASTER_PORT - 50 + engine_group_rank
 
 
 def split(n_requests: int, ranks: int) -> list[list[int]]:
@@ -51,7 +50,7 @@ def _node_probe(options_json: str, needed_gpus: int, port: int | None) -> tuple[
     if port is None:
         with socket.socket() as s:  # a free port for DeepInfer's rendezvous on this host
             s.bind(("", 0))
-            port = s.getsockname()[1] + DEFAULT_MASTER_PORT_OFFSET
+            port = s.getsockname()[1] + MASTER_PORT_OFFSET
     return ray.util.get_node_ip_address(), port, [g.__dict__ for g in gpus]
 
 
@@ -68,8 +67,11 @@ class RankActor:
         self.rank = DeepInferRank(DeepInferOptions.model_validate_json(options_json), rank)
         self.rank.start()
 
-    def version(self) -> str:
-        return self.rank.version
+    def versions(self) -> dict[str, str]:
+        return self.rank.versions
+
+    def tokenizer(self) -> Any:
+        return self.rank.tokenizer()
 
     def generate(self, requests: list[RankRequest]) -> list:
         return self.rank.generate(requests)
@@ -132,12 +134,14 @@ class DeepInferReplica(HFTokenizerEngine):
             remove_placement_group(self._pg)
             cause = getattr(exc, "cause", None)
             raise (cause if isinstance(cause, EngineError) else EngineError(str(exc))) from None
-        env = deepinfer_env(o) | {"MASTER_ADDR": addr, "MASTER_PORT": str(port)}
+        env = rank_env(o) | {"MASTER_ADDR": addr, "MASTER_PORT": str(port)}
         cls = ray.remote(RankActor)
+        # Each rank takes its bundle's GPU from Ray (CUDA_VISIBLE_DEVICES set by Ray), so
+        # replicas sharing a node get distinct devices.
         self._ranks = [
             cls.options(
                 num_cpus=0,
-                num_gpus=0,
+                num_gpus=o.gpus_per_engine,
                 max_restarts=0,
                 scheduling_strategy=at(r),
                 runtime_env={"env_vars": env},
@@ -145,18 +149,21 @@ class DeepInferReplica(HFTokenizerEngine):
             for r in range(o.engines_per_replica)
         ]
         try:
-            versions = set(
-                ray.get([a.version.remote() for a in self._ranks], timeout=o.start_timeout_s)
+            per_rank = ray.get(
+                [a.versions.remote() for a in self._ranks], timeout=o.start_timeout_s
             )
+            # the engine's own tokenizer (DeepInfer's BOS policy), so that prompts are
+            # tokenized exactly as its own text path does
+            self._tokenizer = ray.get(self._ranks[0].tokenizer.remote(), timeout=o.start_timeout_s)
         except (RayActorError, RayTaskError, GetTimeoutError) as exc:
             self.close()
             raise EngineError(f"a DeepInfer rank failed to start: {first_line(exc)}") from None
-        from transformers import AutoTokenizer
-
-        self._tokenizer = AutoTokenizer.from_pretrained(str(o.model_dir()))
+        if any(v != per_rank[0] for v in per_rank):
+            self.close()
+            raise EngineError(f"the ranks of one replica run different versions: {per_rank}")
         eos = self._tokenizer.eos_token_id
         self._eos = frozenset([eos] if isinstance(eos, int) else [])
-        self._fingerprint = fingerprint(o, ",".join(sorted(versions)), [Gpu(**g) for g in gpus])
+        self._fingerprint = fingerprint(o, per_rank[0], [Gpu(**g) for g in gpus])
         print(f"[rollout] deepinfer replica ready: {o.engines_per_replica} ranks on {addr}, "
               f"rendezvous port {port}", file=sys.stderr, flush=True)  # fmt: skip
 
@@ -174,6 +181,11 @@ class DeepInferReplica(HFTokenizerEngine):
     def _require_started(self) -> None:
         if not self._ranks:
             raise EngineError("the deepinfer replica is not started: call start() first")
+
+    def encode(self, text: str) -> list[int]:
+        """As DeepInfer's own text path: its tokenizer's `encode`, which inserts BOS (id 0)."""
+        self._require_started()
+        return list(self._tokenizer.encode(text))
 
     # -- generation -----------------------------------------------------------------------------
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:

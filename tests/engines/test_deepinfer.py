@@ -7,6 +7,7 @@ SM100 GPUs are present.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -19,7 +20,14 @@ import pytest
 
 from rollout import determinism
 from rollout.engines import GenerationRequest, create_engine
-from rollout.engines.deepinfer import DeepInferOptions, deepinfer_env, preflight
+from rollout.engines.deepinfer import (
+    PINNED_DEFAULTS,
+    SWITCHES,
+    DeepInferOptions,
+    deepinfer_env,
+    preflight,
+    rank_env,
+)
 from rollout.engines.deepinfer_replica import split
 from rollout.errors import ConfigError, EngineError
 from rollout.jobs.spec import parse_job_spec
@@ -29,12 +37,12 @@ from tests.conftest import FAKES
 from tests.runtime.conftest import independent_run_digest
 
 RANKS = 2
+PINNED = SWITCHES | PINNED_DEFAULTS
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
     """A model directory: a real tokenizer (SmolLM2's) and a config, no weights."""
-    from transformers import AutoTokenizer
 
     from rollout.engines.smollm2.weights import ensure_cached
 
@@ -43,10 +51,11 @@ def model_dir(tmp_path_factory) -> Path:
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         if (src / name).exists():
             shutil.copy(src / name, d / name)
-    eos = AutoTokenizer.from_pretrained(str(d)).eos_token_id
+    # DeepSeek's ids: BOS 0, EOS 1 (the stand-in's tokenizer inserts BOS 0 as DeepInfer's does)
     config = {"_name_or_path": "deepseek-ai/DeepSeek-V4.1-Flash-1017", "vocab_size": 49152,
-              "eos_token_id": eos}  # fmt: skip
+              "eos_token_id": 1, "bos_token_id": 0}  # fmt: skip
     (d / "config.json").write_text(json.dumps(config))
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {}}))
     return d
 
 
@@ -91,9 +100,11 @@ def test_replica_ranks_get_switches_layout_and_own_devices(ray_runtime, fresh_lo
     assert sorted(c["rank"] for c in inits) == list(range(RANKS))
     for c in inits:
         env = c["import_env"]  # what the process held when deepinfer was imported
-        assert env["DEEPINFER_BATCH_INVARIANT"] == "1"
-        assert env["DEEPINFER_ENABLE_MTP_VARLEN"] == "0"
-        assert env["DEEPINFER_EXPERT_REARRANGEMENT_STEP_INTERVAL"] is None  # EPLB off
+        # every variable that decides outputs, set explicitly (never inherited)
+        assert {k: env[k] for k in PINNED} == PINNED
+        assert env["DEEPINFER_EXPERT_REARRANGEMENT_STEP_INTERVAL"] == "0"  # EPLB off
+        assert env["DEEPINFER_USE_NEXTN_DECODE"] == "5"  # speculative decoding pinned
+        assert env["DEEPINFER_USE_MULTIMODAL_POOL"] == "0"
         args = c["engine_args"]
         assert args["data_parallel_size"] == RANKS and c["expert_parallel_size"] == RANKS
         assert args["engine_rank"] == c["rank"] and c["decode_sequence"] is False
@@ -110,8 +121,11 @@ def test_replica_ranks_get_switches_layout_and_own_devices(ray_runtime, fresh_lo
     assert [r.request_id for r in results] == [str(i) for i in range(5)]
     assert all(len(r.output_logprobs) == len(r.output_token_ids) for r in results)
     assert fp["engine"] == "deepinfer" and fp["deepinfer_version"] == "0.1.0"
-    assert fp["switches"] == {"DEEPINFER_BATCH_INVARIANT": "1", "DEEPINFER_ENABLE_MTP_VARLEN": "0",
-                              "DEEPINFER_EXPERT_REARRANGEMENT_STEP_INTERVAL": "off"}  # fmt: skip
+    assert fp["switches"] == PINNED | {"DEEPINFER_USE_NEXTN_DECODE": "5",
+                                       "DEEPINFER_EXPERT_REARRANGEMENT_STEP_INTERVAL": "0"}  # fmt: skip
+    assert fp["engine_version"] == "2"
+    assert fp["versions"]["deepinfer"] == "0.1.0" and fp["versions"]["deep_gemm"] == "0.0.0+fake"
+    assert set(fp["versions"]) >= {"torch", "cuda", "deep_ep", "flash_mla", "deep_select"}
     assert fp["gpu"] == ["NVIDIA B300 SXM6"] and fp["driver"] == ["580.65.06"]
     assert (
         fp["model"] == "deepseek-ai/DeepSeek-V4.1-Flash-1017" and len(fp["weights_checksum"]) == 64
@@ -259,18 +273,119 @@ def test_preflight_model_dir(fake_importable, monkeypatch, tmp_path):
     with pytest.raises(EngineError, match=f"{tmp_path / 'nope'} .* does not exist"):
         preflight(DeepInferOptions(model=str(tmp_path / "nope")), 8)
     monkeypatch.setenv("DEEPINFER_HF_MODEL_DIR", str(tmp_path))
-    with pytest.raises(EngineError, match="has no config.json"):
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(EngineError, match="lacks tokenizer.json, tokenizer_config.json, model.safetensors.index.json"):  # fmt: skip
         preflight(DeepInferOptions(), 8)
 
 
+def test_preflight_names_missing_kernel_libraries(fake_importable, monkeypatch, model_dir):
+    real_find = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("flash_mla", "deepinfer._C") else real_find(name, *a))  # fmt: skip
+    with pytest.raises(EngineError, match=r"incomplete.*deepinfer\._C .*flash_mla"):
+        preflight(DeepInferOptions(model=str(model_dir)), 8)
+
+
 def test_switches_and_bad_options():
-    assert deepinfer_env(DeepInferOptions(eplb_step_interval=50)) == {
-        "DEEPINFER_BATCH_INVARIANT": "1", "DEEPINFER_ENABLE_MTP_VARLEN": "0",
-        "DEEPINFER_EXPERT_REARRANGEMENT_STEP_INTERVAL": "50"}  # fmt: skip
+    env = deepinfer_env(DeepInferOptions(eplb_step_interval=200, nextn_decode=0))
+    assert env["DEEPINFER_EXPERT_REARRANGEMENT_STEP_INTERVAL"] == "200"
+    assert env["DEEPINFER_USE_NEXTN_DECODE"] == "0"
     with pytest.raises(ConfigError, match="engine.options.engines_per_replica"):
         create_engine("deepinfer", engines_per_replica=0)
     with pytest.raises(ConfigError, match="engine.options.tensor_parallel_size"):
         create_engine("deepinfer", tensor_parallel_size=8)
+    # below the expert count window (100), DeepInfer refuses to start
+    with pytest.raises(ConfigError, match="engine.options.eplb_step_interval"):
+        create_engine("deepinfer", eplb_step_interval=50)
+    with pytest.raises(ConfigError, match=r"max_num_seqs x \(1 \+ nextn_decode\) = 1536"):
+        create_engine(
+            "deepinfer", max_num_seqs=256, max_model_len=1024, max_num_batched_tokens=1200
+        )
+    with pytest.raises(ConfigError, match="at least max_model_len"):
+        create_engine("deepinfer", max_num_seqs=8, max_model_len=8192, max_num_batched_tokens=4096)
+    # the rendezvous is MASTER_PORT - 50: a port below 1074 would put it under 1024
+    with pytest.raises(ConfigError, match="engine.options.master_port"):
+        create_engine("deepinfer", master_port=1050)
+    env = rank_env(DeepInferOptions(jit_cache_dir="/var/cache/deepinfer-jit"))
+    assert env["DEEPINFER_JIT_CACHE_DIR"] == "/var/cache/deepinfer-jit"
+    assert "DEEPINFER_JIT_CACHE_DIR" not in deepinfer_env(DeepInferOptions(jit_cache_dir="/x"))
+
+
+def test_every_rank_is_called_in_every_round_even_with_nothing(ray_runtime, fresh_log):
+    """1 request on a 2-rank replica: rank 1 has nothing, and must still step with rank 0
+    (the stand-in fails a round that a rank misses, as the real engine would hang)."""
+    engine = create_engine("deepinfer", **options(fresh_log))
+    engine.start()
+    try:
+        [one] = engine.generate(requests(1))
+        assert one.output_token_ids
+    finally:
+        engine.close()
+    gens = [c for c in calls(fresh_log) if c["event"] == "generate"]
+    assert sorted((g["rank"], g["prompts"]) for g in gens) == [(0, 1), (1, 0)]
+
+
+def test_engine_side_finish_reasons_are_row_errors(ray_runtime, fresh_log):
+    """stop and length end a row; each other DeepInfer finish reason is an error of that row
+    (a rejected prompt's one output, its last prompt token, never becomes text)."""
+    from rollout.engines.deepinfer import FINISH_ERRORS, FINISH_OK
+    from rollout.errors import RowError
+
+    FINISH_REASONS = (
+        *FINISH_OK,
+        *FINISH_ERRORS,
+    )  # the stand-in's order (checked by the contract test)
+    FINISH_TRIGGER = (
+        99_000  # the stand-in ends a prompt starting with FINISH_TRIGGER + k with reason k
+    )
+
+    engine = create_engine("deepinfer", **options(fresh_log, max_model_len=64))
+    engine.start()
+    try:
+        params = SamplingParams(temperature=0.8, max_tokens=8)
+        for k, reason in enumerate(FINISH_REASONS[2:], start=2):
+            bad = GenerationRequest("bad", [FINISH_TRIGGER + k, 5, 6], params, 1)
+            with pytest.raises(RowError, match=f"request 'bad': .*finish reason {reason!r}") as err:
+                engine.generate([GenerationRequest("ok", [7, 8], params, 2), bad])
+            assert err.value.reason == reason and err.value.request_id == "bad"
+        eos = [r for r in engine.generate(requests(40)) if r.finish_reason == "stop"]
+    finally:
+        engine.close()
+    assert eos and all(r.output_token_ids[-1] == 1 for r in eos)  # EOS id 1, kept as the last token
+    decode = engine._tokenizer.decode
+    assert all(
+        r.output_text == decode(r.output_token_ids[:-1], skip_special_tokens=True) for r in eos
+    )
+
+
+def test_a_prompt_the_engine_rejects_is_a_row_error_not_text():
+    """DeepInfer answers a prompt it rejects with one output: its last prompt token, finish
+    reason prompt_length_exceeded. (Our own check refuses such prompts first, with the same
+    max_model_len; the engine's limits can still be tighter, max_num_batched_tokens.)"""
+    from rollout.engines.deepinfer import RankOutput, finish, prepare
+    from rollout.errors import RowError
+
+    req = GenerationRequest("L", [5, 6, 7], SamplingParams(max_tokens=4), 9)
+    prepared = prepare(req, 0, 64)
+    rejected = RankOutput(0, [7], [0.0], None, "prompt_length_exceeded")
+    with pytest.raises(RowError, match="'L': the prompt is longer.*'prompt_length_exceeded'"):
+        finish(req, prepared, rejected, frozenset({1}), lambda ids: "")
+    ok = finish(req, prepared, RankOutput(0, [9, 1], [-0.5, -0.25], None, "stop"), frozenset({1}),
+                lambda ids: "x" * len(ids))  # fmt: skip
+    assert (ok.output_token_ids, ok.finish_reason) == ([9, 1], "stop")
+
+
+def test_prompts_are_tokenized_as_deepinfer_does(ray_runtime, fresh_log):
+    engine = create_engine("deepinfer", **options(fresh_log))
+    engine.start()
+    try:
+        ids = engine.encode("Hello there")
+    finally:
+        engine.close()
+    assert (
+        ids[0] == 0
+        and ids[1:] == engine._tokenizer("Hello there", add_special_tokens=False)["input_ids"]
+    )
 
 
 def _sm100_present() -> bool:

@@ -1,43 +1,71 @@
-"""Fake deepinfer.sampling_params: the constructor and checks of DEEPINFER.md."""
+"""Stand-in for deepinfer.sampling_params: the real signature, defaults and checks."""
 
 import random
 
-SCHEMA_TYPES = ("regex", "json", "ebnf")
+SAMPLING_EPS = 1e-5
+INT32_MAX = 2**31 - 1
 
 
 class SamplingParams:
     def __init__(
         self,
-        temperature=1.0,
-        top_p=1.0,
-        top_k=-1,
-        ignore_eos=False,
-        max_tokens=16,
-        top_logprobs=0,
-        prompt_logprobs=False,
-        so_args=None,
-        seq_seed=None,
-    ):
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
-        if not 0 < top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-        if top_k != -1 and top_k < 1:
-            raise ValueError(f"top_k must be -1 or >= 1, got {top_k}")
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-        if top_logprobs < 0:
-            raise ValueError(f"top_logprobs must be >= 0, got {top_logprobs}")
-        if so_args is not None and (
-            set(so_args) != {"schema_type", "schema"} or so_args["schema_type"] not in SCHEMA_TYPES
-        ):
-            raise ValueError(f"so_args must be {{schema_type, schema}}, got {so_args}")
-        if seq_seed is None:  # as the real one: drawn from Python's random
-            seq_seed = random.getrandbits(64)
-        if not isinstance(seq_seed, int) or not 0 <= seq_seed < 2**64:
-            raise ValueError(f"seq_seed must be a uint64, got {seq_seed!r}")
-        self.temperature = 0.0 if temperature == 0 else float(temperature)
-        self.top_p, self.top_k = float(top_p), int(top_k)
-        self.ignore_eos, self.max_tokens = bool(ignore_eos), int(max_tokens)
-        self.top_logprobs, self.prompt_logprobs = int(top_logprobs), bool(prompt_logprobs)
-        self.so_args, self.seq_seed = so_args, seq_seed
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = -1,
+        ignore_eos: bool = False,
+        max_tokens: int = 16,
+        logprobs: bool = False,
+        prompt_logprobs: bool = False,
+        top_logprobs: int = 0,
+        first_n_token_no_eos: int = 0,
+        eos_id: int = 0,
+        so_args: dict | None = None,
+        golden_token_ids: list[int] | None = None,
+        seq_seed: int | None = None,
+    ) -> None:
+        del logprobs  # a compatibility parameter; ignored, as in the real one
+        self.temperature = temperature
+        self.top_p = top_p
+        self.top_k = top_k
+        self.ignore_eos = ignore_eos
+        self.max_tokens = max_tokens
+        if self.max_tokens == 0:
+            self.max_tokens = 1
+        self.prompt_logprobs = prompt_logprobs
+        self.top_logprobs = top_logprobs
+        self.seq_seed = self._make_seed(seq_seed)
+        self._verify_args()
+        if self.temperature < SAMPLING_EPS:  # near-greedy, not argmax
+            self.temperature = SAMPLING_EPS
+            self.top_p = 1.0
+            self.top_k = -1
+        self.first_n_token_no_eos = first_n_token_no_eos
+        self.eos_id = eos_id
+        self.so_args = so_args
+        self.golden_token_ids = golden_token_ids
+
+    @staticmethod
+    def _make_seed(seed):
+        if seed is None:
+            return random.getrandbits(64)
+        if isinstance(seed, int):
+            return seed & 0xFFFF_FFFF_FFFF_FFFF
+        raise TypeError()
+
+    def _verify_args(self):
+        if self.temperature < 0.0:
+            raise ValueError(f"temperature must be non-negative, got {self.temperature}.")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
+        if self.top_k < -1 or self.top_k == 0 or self.top_k > INT32_MAX:
+            raise ValueError(
+                f"top_k must be -1 (disable), or between 1 and int32 max, got {self.top_k}."
+            )
+        if self.max_tokens < 1 or self.max_tokens > INT32_MAX:
+            raise ValueError(
+                f"max_tokens must be >= 1 and in range of int32, got {self.max_tokens}."
+            )
+        if self.top_logprobs < 0 or self.top_logprobs > 1000:
+            raise ValueError(f"top_logprobs must be in [0, 1000], got {self.top_logprobs}.")
+        if self.seq_seed < 0 or self.seq_seed >= 2**64:
+            raise ValueError(f"seq_seed must be in range of uint64_t, got {self.seq_seed}.")

@@ -1,0 +1,3 @@
+"""Stand-in for deep_ep, one of the kernel libraries DeepInfer's build script builds."""
+
+__version__ = "0.0.0+fake"
