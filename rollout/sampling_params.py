@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 MAX_TOKENS_LIMIT = 1 << 20
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
-MAX_TOP_LOGPROBS = 20
+MAX_TOP_LOGPROBS = 1000  # DeepInfer's limit; each engine may allow fewer (engines.MAX_TOP_LOGPROBS)
 
 
 MAX_SCHEMA_CHARS = 64 * 1024

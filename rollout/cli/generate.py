@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from rollout import determinism
 from rollout.data.sink import top_positions_hash
-from rollout.engines import ENGINES, GenerationRequest, create_engine
+from rollout.engines import ENGINES, GenerationRequest, check_top_logprobs, create_engine
 from rollout.errors import ConfigError, config_error_from_validation
 from rollout.sampling_params import SamplingParams
 
@@ -70,6 +70,10 @@ def run(args: argparse.Namespace) -> int:
             "--seed", args.seed, f"must be an unsigned 64-bit integer, got {args.seed}"
         )
     seed = determinism.seq_seed(args.seed, example_id, sample_index)
+    try:
+        check_top_logprobs(args.engine, args.top_logprobs)
+    except ValueError as exc:
+        raise ConfigError("--top-logprobs", args.top_logprobs, str(exc)) from None
     with create_engine(args.engine) as engine:
         if args.chat:
             messages = ([{"role": "system", "content": args.system}] if args.system else []) + [

@@ -19,6 +19,19 @@ ENGINES: dict[str, str] = {
 # that asks for it when the spec is validated.
 STRUCTURED_OUTPUT: frozenset[str] = frozenset({"deepinfer"})
 
+# The most top logprobs per position each engine returns (DeepInfer: 1,000; the CPU engines
+# rank candidates in Python per sampled token, so they stop at 20).
+MAX_TOP_LOGPROBS: dict[str, int] = {"deepinfer": 1000, "smollm2": 20, "synthetic": 20}
+
+
+def check_top_logprobs(engine: str, top_logprobs: int) -> None:
+    """Refuse more top logprobs than the engine returns, naming both numbers."""
+    limit = MAX_TOP_LOGPROBS.get(engine, 20)
+    if top_logprobs > limit:
+        raise ValueError(
+            f"sampling.top_logprobs is {top_logprobs}; engine {engine!r} returns at most {limit}"
+        )
+
 
 def engine_class(name: str) -> type[Engine]:
     """The engine class registered under `name`; an unknown name lists the valid ones."""

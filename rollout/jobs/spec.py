@@ -157,13 +157,14 @@ class JobSpec(_Strict):
 
     @model_validator(mode="after")
     def _structured_output(self) -> JobSpec:
-        from rollout.engines import STRUCTURED_OUTPUT
+        from rollout.engines import STRUCTURED_OUTPUT, check_top_logprobs
 
         if self.sampling.so_args is not None and self.engine.name not in STRUCTURED_OUTPUT:
             raise ValueError(
                 f"sampling.so_args (structured output) needs an engine that supports it "
                 f"({', '.join(sorted(STRUCTURED_OUTPUT))}); engine {self.engine.name!r} does not"
             )
+        check_top_logprobs(self.engine.name, self.sampling.top_logprobs)
         return self
 
     def config_view(

@@ -435,3 +435,23 @@ def test_shipped_layout_config():
         "decode_sequence": False}  # fmt: skip
     assert deepinfer_env(engine.options)["DEEPINFER_BATCH_INVARIANT"] == "1"
     assert spec.pool.gpus_per_actor == 0 and engine.options.gpus_per_engine == 1
+
+
+def test_the_acceptance_script_runs_against_the_stand_in(ray_runtime, model_dir, tmp_path):
+    """scripts/deepinfer_acceptance.py, shrunk to the stand-in's 2 ranks without GPUs: every
+    check passes and the report names them (on a real node it runs at full size)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    try:
+        import deepinfer_acceptance
+    finally:
+        sys.path.pop(0)
+    rc = deepinfer_acceptance.main([
+        "--model", str(model_dir), "--out", str(tmp_path), "--ranks", "2", "--gpus-per-engine", "0",
+        "--cpus-per-engine", "0.25", "--max-model-len", "4096", "--max-tokens", "8", "--rows", "30",
+        "--batch-sizes", "24,8,3", "--no-expect-paris",
+    ])  # fmt: skip
+    report = (tmp_path / "report.md").read_text()
+    assert rc == 0, report
+    for check in ("canary", "rank 0 vs rank 1", "batch 3x1 vs 8 vs 24", "30-row job twice"):
+        assert f"| {check}" in report and "| FAIL |" not in report
+    assert "verdict: **PASS**" in report and '"engine": "deepinfer"' in report

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rollout.errors import ConfigError
-from rollout.jobs.spec import job_spec_json_schema, load_job_spec
+from rollout.jobs.spec import job_spec_json_schema, load_job_spec, parse_job_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -62,3 +62,16 @@ def test_exported_schema_matches_the_model():
     assert committed == job_spec_json_schema(), (
         "run `make schema` to regenerate docs/job-spec.schema.json"
     )
+
+
+def test_top_logprobs_up_to_what_the_engine_returns():
+    base = {"input": {"path": "x.parquet"}, "prompt": {"column": "q"}, "output": "out"}
+    spec = parse_job_spec(
+        base | {"engine": {"name": "deepinfer"}, "sampling": {"top_logprobs": 1000}}
+    )
+    assert spec.sampling.top_logprobs == 1000
+    for engine in ("smollm2", "synthetic"):
+        with pytest.raises(
+            ConfigError, match=f"top_logprobs is 21; engine '{engine}' returns at most 20"
+        ):
+            parse_job_spec(base | {"engine": {"name": engine}, "sampling": {"top_logprobs": 21}})

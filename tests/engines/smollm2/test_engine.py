@@ -109,7 +109,7 @@ def test_generation_is_capped_by_the_context(smollm2_factory):
         ("top_k", 0, "top_k must be -1 (disabled) or >= 1, got 0"),
         ("top_k", -2, "top_k must be -1 (disabled) or >= 1, got -2"),
         ("max_tokens", 0, "max_tokens must be in [1, 1048576], got 0"),
-        ("top_logprobs", 21, "top_logprobs must be in [0, 20], got 21"),
+        ("top_logprobs", 1001, "top_logprobs must be in [0, 1000], got 1001"),
     ],
 )
 def test_bad_sampling_params_name_parameter_and_value(field, value, message):
