@@ -65,6 +65,14 @@ def token_hashes(
 _NATIVE_LE_INT32 = sys.byteorder == "little" and array.array("i").itemsize == 4
 
 
+def _row_hash(version: str, fields: tuple, finish_reason: str) -> str:
+    """sha256 of "rollout-row-<version>" and the fields, one per line (the text both versions hash)."""
+    if finish_reason not in FINISH_REASONS:
+        raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, got {finish_reason!r}.")
+    text = "\n".join([f"rollout-row-{version}", *map(str, fields)])
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
 def row_hash(
     example_id: str,
     sample_index: int,
@@ -73,15 +81,9 @@ def row_hash(
     output_hash: str,
     finish_reason: str,
 ) -> str:
-    """The hash that identifies one generated row."""
-    if finish_reason not in FINISH_REASONS:
-        raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, got {finish_reason!r}.")
-    text = (
-        "rollout-row-v1\n"
-        f"{example_id}\n{sample_index}\n{seed}\n"
-        f"{prompt_hash}\n{output_hash}\n{finish_reason}"
-    )
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    """The hash that identifies one generated row (v1)."""
+    fields = (example_id, sample_index, seed, prompt_hash, output_hash, finish_reason)
+    return _row_hash("v1", fields, finish_reason)
 
 
 def row_hash_v2(
@@ -95,15 +97,9 @@ def row_hash_v2(
     top_logprobs_hash: str,
 ) -> str:
     """v2: the v1 fields, then the logprobs and top logprobs hashes ("" when not recorded)."""
-    if finish_reason not in FINISH_REASONS:
-        raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, got {finish_reason!r}.")
-    text = (
-        "rollout-row-v2\n"
-        f"{example_id}\n{sample_index}\n{seed}\n"
-        f"{prompt_hash}\n{output_hash}\n{finish_reason}\n"
-        f"{logprobs_hash}\n{top_logprobs_hash}"
-    )
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    fields = (example_id, sample_index, seed, prompt_hash, output_hash, finish_reason,
+              logprobs_hash, top_logprobs_hash)  # fmt: skip
+    return _row_hash("v2", fields, finish_reason)
 
 
 def logprobs_hash(logprobs: Sequence[float] | np.ndarray | None) -> str:

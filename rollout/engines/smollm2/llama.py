@@ -167,17 +167,23 @@ class LlamaCPU:
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos + rotated * sin
 
-    def _attention(self, li: int, layer: _Layer, x: torch.Tensor, rows: _Rows) -> torch.Tensor:
-        """The attention block of layer `li` for these rows, residual included."""
+    def _qkv(self, layer: _Layer, x: torch.Tensor, rows: _Rows):
+        """q (scaled by 1/sqrt(head_dim): a power of two for head_dim 64, so exact) and k, both
+        rotated, as (rows, heads, head_dim); v as (rows, kv_heads * head_dim)."""
         cfg = self.cfg
         qkv = self._linear(self._norm(x, layer.attn_norm), layer.w_qkv)
         n = qkv.shape[0]
         q = qkv[:, : self.q_size].reshape(n, cfg.num_heads, cfg.head_dim)
         k = qkv[:, self.q_size : self.q_size + self.kv_size].reshape(n, cfg.num_kv_heads, cfg.head_dim)  # fmt: skip
         v = qkv[:, self.q_size + self.kv_size :]
-        # 1/sqrt(head_dim) applied to q once (a power of two for head_dim 64: exact)
-        q = (self._rope(q, rows.positions) * self.scale).reshape(n, self.q_size)
-        k = self._rope(k, rows.positions).reshape(n, self.kv_size)
+        return self._rope(q, rows.positions) * self.scale, self._rope(k, rows.positions), v
+
+    def _attention(self, li: int, layer: _Layer, x: torch.Tensor, rows: _Rows) -> torch.Tensor:
+        """The attention block of layer `li` for these rows, residual included."""
+        cfg = self.cfg
+        q, k, v = self._qkv(layer, x, rows)
+        n = q.shape[0]
+        q, k = q.reshape(n, self.q_size), k.reshape(n, self.kv_size)
         attn = kernels.attention(
             q, k, v, li, rows.cache_ptrs, rows.caps, rows.pos32,
             cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,

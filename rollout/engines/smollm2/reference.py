@@ -34,13 +34,9 @@ class LlamaTorch(LlamaCPU):
 
     def _attention(self, li: int, layer: _Layer, x: torch.Tensor, rows: _Rows) -> torch.Tensor:
         cfg = self.cfg
-        qkv = self._linear(self._norm(x, layer.attn_norm), layer.w_qkv)
-        n = qkv.shape[0]
-        q = qkv[:, : self.q_size].reshape(n, cfg.num_heads, cfg.head_dim)
-        k = qkv[:, self.q_size : self.q_size + self.kv_size].reshape(n, cfg.num_kv_heads, cfg.head_dim)  # fmt: skip
-        v = qkv[:, self.q_size + self.kv_size :].reshape(n, cfg.num_kv_heads, cfg.head_dim)
-        q = self._rope(q, rows.positions) * self.scale
-        k = self._rope(k, rows.positions)
+        q, k, v = self._qkv(layer, x, rows)
+        n = q.shape[0]
+        v = v.reshape(n, cfg.num_kv_heads, cfg.head_dim)
         group = cfg.num_heads // cfg.num_kv_heads
         out = torch.empty(n, self.q_size, device=x.device)
         # rows of one sequence are contiguous: split where the cache changes
