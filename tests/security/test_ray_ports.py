@@ -1,0 +1,98 @@
+"""Ray's ports: whoever reaches them must not run code without Ray's token.
+
+Ray's GCS and raylets listen on every interface (Ray 2.60 does not bind loopback even when
+asked), so the service's own runtime runs with Ray's token authentication and a fresh
+random token. The attacker here connects to the GCS at the machine's own non-loopback
+address, as a host on the same network would, and tries to run a task.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rollout.errors import ConfigError
+from rollout.runtime import cluster
+
+# A runtime as `rollout serve` starts it (cluster.connect), which prints its GCS address and
+# token, then waits until its stdin closes.
+OWNER = r"""
+import json, os, sys
+from rollout.runtime import cluster
+cluster.connect(None)
+import ray
+@ray.remote
+def own():
+    return os.getpid()
+ray.get(own.remote())
+print(json.dumps({"gcs": cluster.gcs_address(), "mode": os.environ["RAY_AUTH_MODE"],
+                  "token": os.environ["RAY_AUTH_TOKEN"]}), flush=True)
+sys.stdin.read()
+"""
+
+ATTACK = r"""
+import os, sys, ray
+@ray.remote
+def pwn():
+    return "ran " + open("/proc/self/cmdline").read()[:20]
+try:
+    ray.init(address=sys.argv[1], logging_level="ERROR")
+    print(ray.get(pwn.remote(), timeout=30))
+except Exception as exc:
+    print("REFUSED", type(exc).__name__, str(exc).splitlines()[0][:200])
+"""
+
+
+def _attack(gcs: str, home: Path, **env: str) -> str:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    out = subprocess.run([sys.executable, "-c", ATTACK, gcs], env=clean | {"HOME": str(home)} | env,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    return out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr[-300:]
+
+
+def test_no_ray_port_runs_code_without_the_token(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    owner = subprocess.Popen([sys.executable, "-c", OWNER], env=env, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    try:
+        info = json.loads(owner.stdout.readline())
+        host = info["gcs"].rsplit(":", 1)[0]
+        assert info["mode"] == "token" and len(info["token"]) == 64
+        assert not host.startswith("127."), "the attack must come through a non-loopback address"
+        attacker_home = tmp_path / "attacker"  # no ~/.ray/auth_token there
+        attacker_home.mkdir()
+        for how, extra in (("no authentication", {"RAY_AUTH_MODE": "disabled"}),
+                           ("a guessed token", {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64})):  # fmt: skip
+            got = _attack(info["gcs"], attacker_home, **extra)
+            assert got.startswith("REFUSED"), f"with {how}: {got}"
+        # the same attack with the token runs: the refusals above were for the token's sake
+        got = _attack(
+            info["gcs"], attacker_home, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=info["token"]
+        )
+        assert got.startswith("ran "), got
+    finally:
+        owner.stdin.close()
+        owner.wait(60)
+        time.sleep(0.5)
+
+
+def test_joining_a_cluster_without_authentication_is_refused(monkeypatch):
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    monkeypatch.delenv(cluster.ALLOW_UNAUTHENTICATED, raising=False)
+    import ray
+
+    if ray.is_initialized():
+        pytest.skip("this process already holds a Ray connection")
+    with pytest.raises(ConfigError, match=r"--ray-address.*without Ray's token authentication.*RAY_AUTH_MODE=token"):  # fmt: skip
+        cluster.connect("127.0.0.1:9")
+    monkeypatch.setenv(cluster.ALLOW_UNAUTHENTICATED, "1")
+    cluster.check_joined_cluster_auth("127.0.0.1:9")  # the operator's explicit choice
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    monkeypatch.delenv(cluster.ALLOW_UNAUTHENTICATED)
+    cluster.check_joined_cluster_auth("127.0.0.1:9")
