@@ -11,6 +11,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from rollout.api.servicer import RolloutServicer, pb, pb_grpc
+from rollout.api.streams import StreamBudget
 from rollout.service.manager import JobManager
 from rollout.service.store import JobStore
 
@@ -50,15 +51,20 @@ class Server:
         ray_address: str | None = None,
         token: str | None = None,
         tls: tuple[bytes, bytes] | None = None,
+        max_streams: int = 32,
+        max_streams_per_client: int = 16,
     ) -> None:
         self.store = JobStore(state_dir / "jobs.sqlite")
         self.manager = JobManager(self.store, data_roots, max_concurrent_jobs, ray_address)
+        self.streams = StreamBudget(max_streams, max_streams_per_client)
         self.grpc = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=32),
+            # every stream slot plus a reserve that streams never take (rollout/api/streams.py)
+            futures.ThreadPoolExecutor(max_workers=self.streams.workers),
             interceptors=[TokenAuth(token)] if token else [],
             options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)],
         )
-        pb_grpc.add_RolloutServiceServicer_to_server(RolloutServicer(self.manager), self.grpc)
+        servicer = RolloutServicer(self.manager, self.streams)
+        pb_grpc.add_RolloutServiceServicer_to_server(servicer, self.grpc)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
         names = (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME)

@@ -12,6 +12,7 @@ import grpc
 from google.protobuf import json_format, struct_pb2
 
 from rollout.api.proto import modules
+from rollout.api.streams import StreamBudget
 from rollout.errors import AccessError, ClusterLost, ConfigError, InputError, RolloutError
 from rollout.runtime.manifest import Manifest
 from rollout.service.manager import JobManager, NotFound
@@ -68,8 +69,9 @@ def to_proto(r: JobRecord) -> Any:
 
 
 class RolloutServicer(pb_grpc.RolloutServiceServicer):
-    def __init__(self, manager: JobManager) -> None:
+    def __init__(self, manager: JobManager, streams: StreamBudget | None = None) -> None:
         self.manager = manager
+        self.streams = streams or StreamBudget(total=32, per_client=16)
 
     def _call(self, context: grpc.ServicerContext, fn, *args):
         try:
@@ -114,15 +116,16 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
 
     def WatchJob(self, request, context) -> Iterator[Any]:
         record = self._call(context, self.manager.get, request.job_id)
-        last = to_proto(record)
-        yield pb.JobEvent(job=last)
-        while record.state not in FINAL and context.is_active():
-            self.manager.wait_for_change(1.0)
-            record = self.manager.get(request.job_id)
-            current = to_proto(record)
-            if current != last:
-                last = current
-                yield pb.JobEvent(job=current)
+        with self.streams.slot(context, "WatchJob"):
+            last = to_proto(record)
+            yield pb.JobEvent(job=last)
+            while record.state not in FINAL and context.is_active():
+                self.manager.wait_for_change(1.0)
+                record = self.manager.get(request.job_id)
+                current = to_proto(record)
+                if current != last:
+                    last = current
+                    yield pb.JobEvent(job=current)
 
     def GetRunManifest(self, request, context):
         from dataclasses import asdict
@@ -144,9 +147,10 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
 
         a = self._call(context, self.manager.run_dir, request.a, "a")
         b = self._call(context, self.manager.run_dir, request.b, "b")
-        yield from self._stream(
-            context, lambda progress, cancel: audit_runs(
-                a, b, request.max_examples or 50, progress, cancel))  # fmt: skip
+        with self.streams.slot(context, "AuditRuns"):
+            yield from self._stream(
+                context, lambda progress, cancel: audit_runs(
+                    a, b, request.max_examples or 50, progress, cancel))  # fmt: skip
 
     def VerifyRun(self, request, context) -> Iterator[Any]:
         from rollout.audit.verify import Sample, verify_run
@@ -156,10 +160,11 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
             fraction=request.sample or None, rows=request.rows or None, seed=request.seed
         )
         self._call(context, sample.count, run.manifest.rows or 0)  # a bad sample fails here
-        yield from self._stream(
-            context, lambda progress, cancel: verify_run(
-                run, sample, ray_address=self.manager.ray_address,
-                max_examples=request.max_examples or 50, progress=progress, cancel=cancel))  # fmt: skip
+        with self.streams.slot(context, "VerifyRun"):
+            yield from self._stream(
+                context, lambda progress, cancel: verify_run(
+                    run, sample, ray_address=self.manager.ray_address,
+                    max_examples=request.max_examples or 50, progress=progress, cancel=cancel))  # fmt: skip
 
     def _stream(self, context: grpc.ServicerContext, work) -> Iterator[Any]:
         """Run `work(progress, cancel)` in a thread; stream its progress, then its report."""

@@ -36,12 +36,21 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--tls-cert", help="serve TLS with this PEM certificate (needs --tls-key)")
     p.add_argument("--tls-key", help="the PEM private key of --tls-cert")
+    p.add_argument("--max-streams", type=int, default=32,
+                   help="open WatchJob/AuditRuns/VerifyRun streams at most (more: RESOURCE_EXHAUSTED)")  # fmt: skip
+    p.add_argument("--max-streams-per-client", type=int, default=16,
+                   help="open streams at most from one client host")  # fmt: skip
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from rollout.api.server import Server
 
+    if not 1 <= args.max_streams <= 10_000:
+        raise ConfigError("--max-streams", args.max_streams, "must be in [1, 10000]")
+    if not 1 <= args.max_streams_per_client <= args.max_streams:
+        raise ConfigError("--max-streams-per-client", args.max_streams_per_client,
+                          f"must be in [1, --max-streams = {args.max_streams}]")  # fmt: skip
     if args.max_concurrent_jobs < 1:
         raise ConfigError(
             "--max-concurrent-jobs",
@@ -70,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
         args.ray_address,
         token,
         tls,
+        args.max_streams,
+        args.max_streams_per_client,
     )
     resumed = server.start()
     print(
