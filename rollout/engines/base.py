@@ -163,6 +163,12 @@ class Engine(ABC):
         """The most tokens (prompt + output) one sequence may hold."""
 
     @classmethod
+    def path_options(cls) -> tuple[str, ...]:
+        """Names of the options that are paths: the service checks them against its data
+        roots like a job's input and output."""
+        return ()
+
+    @classmethod
     def process_env(cls, options: dict[str, Any]) -> dict[str, str]:
         """Environment variables that a process running this engine must start with: the
         switches its numerics read at first use. Engine actors are started with them."""

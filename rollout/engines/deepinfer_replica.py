@@ -83,6 +83,10 @@ class RankActor:
 class DeepInferReplica(HFTokenizerEngine):
     name = "deepinfer"
 
+    @classmethod
+    def path_options(cls) -> tuple[str, ...]:
+        return ("model", "jit_cache_dir")
+
     def __init__(self, **options: Any) -> None:
         try:
             self.options = DeepInferOptions(**options)

@@ -90,6 +90,10 @@ def _prompt_key(ids: Sequence[int]) -> int:
 class SyntheticEngine(Engine):
     name = "synthetic"
 
+    @classmethod
+    def path_options(cls) -> tuple[str, ...]:
+        return ("slow_claim_file",)
+
     def __init__(self, **options: Any) -> None:
         try:
             self.options = SyntheticOptions(**options)

@@ -53,6 +53,34 @@ def resolve_under_roots(parameter: str, value: str, roots: list[Path]) -> str:
     )
 
 
+def check_job_paths(job: JobSpec, roots: list[Path]) -> JobSpec:
+    """The job with its input and output resolved under the data roots, every input file it
+    will read (through a folder or a glob) checked too, no output inside another run, and
+    every path-like engine option under the roots; AccessError naming what is not. Run at
+    submit and again when the job starts (a file swapped for a symlink in between is caught)."""
+    inp = resolve_under_roots("input.path", job.input.path, roots)
+    out = resolve_under_roots("output", job.output, roots)
+    for name in engine_class(job.engine.name).path_options():
+        value = job.engine.options.get(name)
+        if value:
+            resolve_under_roots(f"engine.options.{name}", str(value), roots)
+    for parent in Path(out).parents:
+        if (parent / "manifest.json").is_file():
+            raise AccessError("output", job.output, f"lies inside the run at {parent}: choose a folder outside other runs")  # fmt: skip
+        if any(parent == r for r in roots):
+            break
+    job = job.model_copy(
+        update={"input": job.input.model_copy(update={"path": inp}), "output": out}
+    )
+    source = Source(job.input.path, job.input.format, job.input.split)
+    for f in source.files:  # what a folder or a glob yields: each file, symlinks resolved
+        try:
+            resolve_under_roots("input.path", f.path, roots)
+        except AccessError as exc:
+            raise AccessError("input.path", job.input.path, f"holds {f.path}, which {exc.reason}") from None  # fmt: skip
+    return job
+
+
 class JobManager:
     def __init__(
         self,
@@ -93,14 +121,11 @@ class JobManager:
     def validate(self, spec: dict[str, Any]) -> JobSpec:
         """The spec, its paths under the data roots, and its input's files and columns."""
         job = parse_job_spec(spec)
-        inp = resolve_under_roots("input.path", job.input.path, self.roots)
-        out = resolve_under_roots("output", job.output, self.roots)
-        job = job.model_copy(
-            update={"input": job.input.model_copy(update={"path": inp}), "output": out}
-        )
         engine_class(job.engine.name)(**job.engine.options)  # options checked; nothing started
+        job = check_job_paths(job, self.roots)
+        out = job.output
         if Path(out).exists() and not Path(out).is_dir():
-            raise ConfigError("output", job.output, "is a file, not a directory")
+            raise ConfigError("output", out, "is a file, not a directory")
         source = Source(job.input.path, job.input.format, job.input.split)
         check_columns(source.schema(), job, where=f"input {job.input.path!r}")
         return job
@@ -171,7 +196,8 @@ class JobManager:
     def _run(self, record: JobRecord) -> None:
         job_id = record.job_id
         try:
-            spec = JobSpec.model_validate(record.spec)
+            # the paths again: what was checked at submit may have changed while it queued
+            spec = check_job_paths(JobSpec.model_validate(record.spec), self.roots)
             runner = JobRunner(
                 spec,
                 self.ray_address,
