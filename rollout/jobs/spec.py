@@ -116,6 +116,13 @@ class PoolSpec(_Strict):
     backup_min_s: float = Field(
         30.0, ge=0, description="No backup copy for a shard that has run less than this."
     )
+    start_timeout_s: float = Field(
+        1800.0,
+        gt=0,
+        le=86_400,
+        description="How long the engine actors may take to start (Ray resources, engine load) "
+        "before the job fails; a cancel takes effect while they start.",
+    )
 
     def restart_budget(self) -> int:
         if self.max_actor_restarts is not None:

@@ -94,6 +94,26 @@ def connect(address: str | None) -> None:
             time.sleep(2.0)
 
 
+def pool_size(actors: int, cpus: float, gpus: float, shards: int) -> int:
+    """How many engine actors a job starts: `actors`, but no more than its shards and than
+    the connected cluster can hold at once. ConfigError, with the numbers, when no node can
+    ever hold one actor (it would wait for resources forever)."""
+    import ray
+
+    nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+    have = [(float(r.get("CPU", 0)), float(r.get("GPU", 0))) for r in nodes]
+    fits = [min(c // cpus if cpus else float("inf"), g // gpus if gpus else float("inf")) for c, g in have]  # fmt: skip
+    if not any(f >= 1 for f in fits):
+        shown = ", ".join(f"{c:g} CPU/{g:g} GPU" for c, g in have) or "none alive"
+        raise ConfigError(
+            "pool",
+            f"cpus_per_actor={cpus:g}, gpus_per_actor={gpus:g}",
+            f"an engine actor asks for {cpus:g} CPUs and {gpus:g} GPUs, and no node of the Ray "
+            f"cluster has that (its nodes: {shown})",
+        )
+    return int(max(1, min(actors, shards, sum(fits))))
+
+
 def gcs_address() -> str:
     import ray
 

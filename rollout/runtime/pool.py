@@ -82,8 +82,14 @@ class ShardPool:
         p = spec.pool
         runtime = RayRuntime((spec.model_dump_json(), shard_dir, row_counts), p.cpus_per_actor,
                              p.gpus_per_actor)  # fmt: skip
-        return cls(size or p.actors, runtime, p.shards_in_flight_per_actor, p.max_shard_retries,
+        shards = -(-sum(row_counts) // spec.shard_size)
+        size = cluster.pool_size(
+            size or p.actors, p.cpus_per_actor, p.gpus_per_actor, max(shards, 1)
+        )
+        pool = cls(size, runtime, p.shards_in_flight_per_actor, p.max_shard_retries,
                    p.restart_budget(), p.backup_after, p.backup_min_s)  # fmt: skip
+        pool.start_timeout_s = p.start_timeout_s
+        return pool
 
     def __init__(
         self,
@@ -107,11 +113,29 @@ class ShardPool:
         self.lost = False  # the Ray runtime went away: nothing more to ask of it
         self.fingerprint: dict | None = None
         self._starting: dict[int, Any] = {}  # actor slot -> its fingerprint ref, until ready
+        self.start_timeout_s = 1800.0
+        self._up: set[int] = set()  # actors known to have finished starting
 
-    def engine_fingerprint(self) -> dict:
-        """The engines' fingerprint, once every engine has started; they must all agree."""
+    def engine_fingerprint(self, cancel: threading.Event | None = None) -> dict:
+        """The engines' fingerprint, once every engine has started; they must all agree.
+        Waits at most `start_timeout_s`, and stops at once when `cancel` is set."""
+        refs = [a.fingerprint.remote() for a in self.actors]
+        deadline = self.rt.now() + self.start_timeout_s
+        pending = list(refs)
+        while pending:
+            done = set(refs) - set(pending)
+            self._up = {i for i, r in enumerate(refs) if r in done}
+            if cancel is not None and cancel.is_set():
+                raise JobCancelled("the job was cancelled while its engine actors started")
+            if self.rt.now() > deadline:
+                raise EngineError(
+                    f"{len(pending)} of {len(refs)} engine actors did not start within "
+                    f"{self.start_timeout_s:g} s (pool.start_timeout_s): the cluster has no room "
+                    "for them, or their engines are slow to load"
+                )
+            _, pending = self.rt.wait(pending, num_returns=len(pending), timeout=1.0)
         try:
-            prints = [self.rt.get(r) for r in [a.fingerprint.remote() for a in self.actors]]
+            prints = [self.rt.get(r) for r in refs]
         except RayTaskError as exc:
             raise _cause(exc) from None
         except RayActorError as exc:
@@ -304,7 +328,11 @@ class ShardPool:
         """Close every engine (freeing what it reserved), then end the actors."""
         if self.lost:  # the runtime took the actors with it
             return
-        closing = [a.close.remote() for a in self.actors]
+        # An actor still in its constructor cannot answer close() until it has started (an
+        # engine load can take minutes): before every engine has started, only those known
+        # to have started are asked to close; the rest are killed.
+        started = self.actors if self.fingerprint is not None else [self.actors[i] for i in sorted(self._up)]  # fmt: skip
+        closing = [a.close.remote() for a in started]
         self.rt.wait(closing, len(closing), timeout)
         for actor in self.actors:
             self.rt.kill(actor)

@@ -225,7 +225,7 @@ class JobRunner:
         self._checks = self._verify_existing(existing)
         pool = ShardPool.for_job(spec, str(self.out / STAGING), counts)
         try:
-            config = spec.config_view(input_fp, pool.engine_fingerprint())
+            config = spec.config_view(input_fp, pool.engine_fingerprint(self.cancel))
             with writing(self.out, "the run could not be started"):
                 manifest, resumed = self._prepare(
                     existing, config, determinism.config_hash(config), sum(counts)

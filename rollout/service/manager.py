@@ -26,6 +26,7 @@ from rollout.errors import (
     RolloutError,
 )
 from rollout.jobs.spec import JobSpec, parse_job_spec
+from rollout.runtime import cluster
 from rollout.runtime.runner import JobRunner
 from rollout.service.store import JobRecord, JobStore
 
@@ -123,6 +124,11 @@ class JobManager:
         job = parse_job_spec(spec)
         engine_class(job.engine.name)(**job.engine.options)  # options checked; nothing started
         job = check_job_paths(job, self.roots)
+        import ray
+
+        if ray.is_initialized():  # actors no node can hold would wait forever: refuse now
+            p = job.pool
+            cluster.pool_size(p.actors, p.cpus_per_actor, p.gpus_per_actor, 1)
         out = job.output
         if Path(out).exists() and not Path(out).is_dir():
             raise ConfigError("output", out, "is a file, not a directory")

@@ -133,13 +133,19 @@ class JobStore:
         return self._row(row) if row else None
 
     def requeue_interrupted(self) -> list[str]:
-        """Jobs left RUNNING by a previous service process go back to the queue (they resume)."""
+        """Jobs left RUNNING by a previous service process go back to the queue (they resume),
+        but those whose cancel was asked for end CANCELLED: a cancel survives a restart."""
         with self._lock:
             ids = [
                 r[0]
                 for r in self._db.execute(
-                    "SELECT job_id FROM jobs WHERE state = 'RUNNING'"
+                    "SELECT job_id FROM jobs WHERE state = 'RUNNING' AND cancel_requested = 0"
                 ).fetchall()
             ]
+            self._db.execute(
+                "UPDATE jobs SET state = 'CANCELLED', finished_at = ? "
+                "WHERE state = 'RUNNING' AND cancel_requested != 0",
+                (time.time(),),
+            )
             self._db.execute("UPDATE jobs SET state = 'QUEUED' WHERE state = 'RUNNING'")
         return ids

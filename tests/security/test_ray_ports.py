@@ -83,12 +83,13 @@ def test_no_ray_port_runs_code_without_the_token(tmp_path):
 
 
 def test_joining_a_cluster_without_authentication_is_refused(monkeypatch):
-    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
-    monkeypatch.delenv(cluster.ALLOW_UNAUTHENTICATED, raising=False)
     import ray
 
-    if ray.is_initialized():
-        pytest.skip("this process already holds a Ray connection")
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    monkeypatch.delenv(cluster.ALLOW_UNAUTHENTICATED, raising=False)
+    # connect() must refuse before it ever calls ray.init (whatever this process holds)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("ray.init was called"))
     with pytest.raises(ConfigError, match=r"--ray-address.*without Ray's token authentication.*RAY_AUTH_MODE=token"):  # fmt: skip
         cluster.connect("127.0.0.1:9")
     monkeypatch.setenv(cluster.ALLOW_UNAUTHENTICATED, "1")
