@@ -59,6 +59,8 @@ class RolloutClient:
         return {"metadata": self._metadata, "timeout": self.timeout}
 
     def submit(self, spec: dict[str, Any], request_id: str | None = None) -> Any:
+        if isinstance(spec.get("job_seed"), int):  # a Struct number is a double: send it exactly
+            spec = {**spec, "job_seed": str(spec["job_seed"])}
         req = pb.SubmitJobRequest(
             spec=json_format.ParseDict(spec, struct_pb2.Struct()), request_id=request_id or ""
         )

@@ -68,6 +68,19 @@ class JobCancelled(RolloutError):
     """A job was cancelled while it ran; its complete shards are kept."""
 
 
+class Conflict(RolloutError):
+    """A request names something that exists with other contents (a request_id reused with
+    another spec)."""
+
+
+def shorten(value: object, limit: int = 120) -> str:
+    """A value as echoed in an error: its repr, cut in the middle past `limit` characters."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[: limit // 2]}...({len(text) - limit} characters)...{text[-limit // 2 :]}"
+
+
 class AccessError(RolloutError):
     """A path lies outside the roots the service may read or write."""
 
@@ -75,7 +88,7 @@ class AccessError(RolloutError):
         self.parameter = parameter
         self.path = path
         self.reason = reason
-        super().__init__(f"{parameter} {path!r}: {reason}")
+        super().__init__(f"{parameter} {shorten(path)}: {reason}")
 
     def __reduce__(self):
         return (type(self), (self.parameter, self.path, self.reason))

@@ -13,7 +13,15 @@ from google.protobuf import json_format, struct_pb2
 
 from rollout.api.proto import modules
 from rollout.api.streams import StreamBudget
-from rollout.errors import AccessError, ClusterLost, ConfigError, InputError, RolloutError
+from rollout.errors import (
+    AccessError,
+    ClusterLost,
+    ConfigError,
+    Conflict,
+    InputError,
+    RolloutError,
+    shorten,
+)
 from rollout.runtime.manifest import Manifest
 from rollout.service.manager import JobManager, NotFound
 from rollout.service.store import FINAL, STATES, JobRecord
@@ -29,6 +37,8 @@ def status_of(exc: BaseException) -> grpc.StatusCode:
         return grpc.StatusCode.INVALID_ARGUMENT
     if isinstance(exc, AccessError):
         return grpc.StatusCode.PERMISSION_DENIED
+    if isinstance(exc, Conflict):
+        return grpc.StatusCode.ALREADY_EXISTS
     if isinstance(exc, NotFound):
         return grpc.StatusCode.NOT_FOUND
     if isinstance(exc, ClusterLost):
@@ -52,10 +62,13 @@ def report_to_proto(report: Any) -> Any:
 
 
 def to_proto(r: JobRecord) -> Any:
+    spec = dict(r.spec)
+    if isinstance(spec.get("job_seed"), int):  # exactly, as a string (a Struct number is a double)
+        spec["job_seed"] = str(spec["job_seed"])
     return pb.Job(
         job_id=r.job_id,
         state=pb.JobState.Value(r.state),
-        spec=json_format.ParseDict(r.spec, struct_pb2.Struct()),
+        spec=json_format.ParseDict(spec, struct_pb2.Struct()),
         request_id=r.request_id or "",
         output=r.output,
         created_at=r.created_at,
@@ -66,6 +79,9 @@ def to_proto(r: JobRecord) -> Any:
         config_hash=r.config_hash,
         run_digest=r.run_digest,
     )
+
+
+MAX_REQUEST_ID = 256  # characters
 
 
 class RolloutServicer(pb_grpc.RolloutServiceServicer):
@@ -80,7 +96,15 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
             context.abort(status_of(exc), str(exc))
 
     def SubmitJob(self, request, context):
-        spec = json_format.MessageToDict(request.spec)
+        if len(request.request_id) > MAX_REQUEST_ID:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"request_id is {len(request.request_id)} characters; at most {MAX_REQUEST_ID}")  # fmt: skip
+        try:
+            spec = json_format.MessageToDict(request.spec)
+        except RecursionError:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "spec is nested too deeply")
+        except (ValueError, json_format.Error) as exc:  # NaN or an infinity in a number
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"spec holds a number JSON cannot carry: {exc}")  # fmt: skip
         record = self._call(context, self.manager.submit, spec, request.request_id or None)
         return to_proto(record)
 
@@ -88,7 +112,10 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
         return to_proto(self._call(context, self.manager.get, request.job_id))
 
     def ListJobs(self, request, context):
-        states = [pb.JobState.Name(s) for s in request.states]
+        try:
+            states = [pb.JobState.Name(s) for s in request.states]
+        except ValueError:
+            states = ["?"]
         if any(s not in STATES for s in states):
             context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, f"states must be among {', '.join(STATES)}"
@@ -99,12 +126,13 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"page_size must be in [1, {MAX_PAGE}], got {size}",
             )
-        try:
-            after = int(request.page_token or "0")
-        except ValueError:
+        token = request.page_token or "0"
+        if not (token.isdigit() and len(token) <= 18):  # a job's sequence number, below 2^63
             context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, f"page_token {request.page_token!r} is not valid"
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"page_token {shorten(request.page_token)} is not valid",
             )
+        after = int(token)
         records = self.manager.store.list(states, after, size + 1)
         more = len(records) > size
         records = records[:size]

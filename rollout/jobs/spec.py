@@ -140,7 +140,9 @@ class JobSpec(_Strict):
     )
     n: int = Field(1, ge=1, le=MAX_SAMPLES_PER_PROMPT, description="Samples per prompt.")
     job_seed: int = Field(
-        0, description="The job's seed, an unsigned 64-bit integer (DETERMINISM.md)."
+        0,
+        description="The job's seed, an unsigned 64-bit integer (DETERMINISM.md); also as a "
+        "decimal string, which carries it exactly where numbers are doubles (gRPC Struct).",
     )
     id_column: str | None = Field(
         None, description="A column of unique example ids; default: the row index."
@@ -154,6 +156,18 @@ class JobSpec(_Strict):
         64, ge=1, le=10_000_000, description="Input rows per shard (one Parquet file each)."
     )
     output: str = Field("runs/out", description="The run's output directory.")
+
+    @field_validator("job_seed", mode="before")
+    @classmethod
+    def _exact_seed(cls, v: Any) -> Any:
+        if isinstance(v, str) and v.isdigit():
+            return int(v)
+        if isinstance(v, float) and (not v.is_integer() or abs(v) > 2**53):
+            raise ValueError(
+                f"job_seed arrived as the number {v!r}, which cannot hold a seed exactly above "
+                "2^53 (a JSON or gRPC Struct number is a double): send it as a decimal string"
+            )
+        return v
 
     @field_validator("job_seed")
     @classmethod

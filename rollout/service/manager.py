@@ -35,9 +35,16 @@ class NotFound(RolloutError):
     pass
 
 
+MAX_PATH = 4096  # characters, as Linux's PATH_MAX
+
+
 def resolve_under_roots(parameter: str, value: str, roots: list[Path]) -> str:
     """The absolute path of `value` (relative paths are under the first root), if it lies
     under one of `roots` once `..` and symlinks are resolved; else AccessError."""
+    if "\0" in value:
+        raise InputError(parameter, "holds a NUL byte, which no path can")
+    if len(value) > MAX_PATH:
+        raise InputError(parameter, f"is {len(value)} characters long; at most {MAX_PATH}")
     if "://" in value:
         raise AccessError(parameter, value, "URIs are not served; use a path under a data root")
     path = Path(value)

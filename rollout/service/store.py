@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rollout.errors import ConfigError, Conflict, shorten
+
 STATES = ("QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED")
 FINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 
@@ -58,11 +60,26 @@ class JobStore:
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(_SCHEMA)
+        self.path = path
+        try:
+            self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.executescript(_SCHEMA)
+            self._db.execute("SELECT COUNT(*) FROM jobs").fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise ConfigError(
+                "--state-dir",
+                str(path.parent),
+                f"the job store {path} cannot be read ({exc}); it is damaged or not a rollout "
+                "job store. Move it aside (the run folders it named are kept, and a job "
+                "resubmitted into one resumes it) and start again",
+            ) from None
         self._lock = threading.Lock()
+
+    def is_empty(self) -> bool:
+        with self._lock:
+            return self._db.execute("SELECT COUNT(*) FROM jobs").fetchone()[0] == 0
 
     def close(self) -> None:
         with self._lock:
@@ -84,7 +101,13 @@ class JobStore:
                     "SELECT * FROM jobs WHERE request_id = ?", (request_id,)
                 ).fetchone()
                 if found:
-                    return self._row(found), False
+                    record = self._row(found)
+                    if record.spec != json.loads(json.dumps(spec, ensure_ascii=False)):
+                        raise Conflict(
+                            f"request_id {shorten(request_id)} was used for job {record.job_id} "
+                            "with another spec; use a new request_id for a new job"
+                        )
+                    return record, False
             job_id = uuid.uuid4().hex[:16]
             self._db.execute(
                 "INSERT INTO jobs (job_id, request_id, spec, output, state, created_at) VALUES (?, ?, ?, ?, 'QUEUED', ?)",
