@@ -82,6 +82,12 @@ def run(args: argparse.Namespace) -> int:
         args.max_streams,
         args.max_streams_per_client,
     )
+    orphans = server.manager.orphaned_runs()
+    if orphans:
+        print(f"rollout serve: warning: the job store {server.store.path} is empty, but run folders "
+              f"exist under the data roots ({', '.join(map(str, orphans))}, ...): if the store was "
+              "lost, submit their specs again (job.json in each) and they resume",
+              file=sys.stderr, flush=True)  # fmt: skip
     resumed = server.start()
     print(
         f"rollout serve: listening on {args.address} ({'TLS' if tls else 'plaintext'}"

@@ -177,9 +177,23 @@ class JobManager:
         if not ref:
             raise InputError(parameter, "is empty: name a job id or a run directory")
         record = self.store.get(ref)
-        if record is not None:
-            return RunDir(record.output, label=ref)
-        return RunDir(resolve_under_roots(parameter, ref, self.roots), label=ref)
+        path = record.output if record is not None else ref
+        run = RunDir(resolve_under_roots(parameter, path, self.roots), label=ref)
+        for _, shard in run.shard_files():  # each file it will read, symlinks resolved
+            try:
+                resolve_under_roots(parameter, str(shard), self.roots)
+            except AccessError as exc:
+                raise AccessError(parameter, ref, f"holds {shard.name}, which {exc.reason}") from None  # fmt: skip
+        return run
+
+    def orphaned_runs(self, limit: int = 3) -> list[Path]:
+        """Run folders under the data roots (two levels down) that no job of an empty store
+        names: a sign that the store was lost or replaced."""
+        if not self.store.is_empty():
+            return []
+        found = [m.parent for root in self.roots for pattern in ("*/manifest.json", "*/*/manifest.json")
+                 for m in root.glob(pattern)]  # fmt: skip
+        return sorted(found)[:limit]
 
     def wait_for_change(self, timeout: float) -> None:
         with self.changed:

@@ -126,3 +126,31 @@ def test_an_output_parent_swapped_for_a_symlink_while_queued(world):
     job = _final(client, queued)
     assert state_name(job) == "FAILED" and "outside the data roots" in job.error
     assert not (outside / "run").exists()
+
+
+def test_an_audit_of_a_run_whose_shard_is_a_symlink_outside(world):
+    root, outside, client = world
+    done = client.submit(spec(root, str(root / "good.parquet"), "audited"))
+    assert state_name(list(client.watch(done.job_id))[-1]) == "SUCCEEDED"
+    shard = root / "audited" / "data" / "part-000000.parquet"
+    moved = outside / "part-000000.parquet"
+    shard.rename(moved)
+    shard.symlink_to(moved)  # the run's file now lives outside the roots
+    with pytest.raises(grpc.RpcError) as err:
+        client.audit(str(root / "audited"), done.job_id)
+    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert (
+        "part-000000.parquet" in err.value.details()
+        and "outside the data roots" in err.value.details()
+    )
+
+
+def test_an_empty_store_beside_run_folders_is_reported(world, tmp_path):
+    from rollout.service.manager import JobManager
+    from rollout.service.store import JobStore
+
+    root, _, client = world
+    done = client.submit(spec(root, str(root / "good.parquet"), "kept"))
+    assert state_name(list(client.watch(done.job_id))[-1]) == "SUCCEEDED"
+    fresh = JobManager(JobStore(tmp_path / "new-state" / "jobs.sqlite"), [root])
+    assert fresh.orphaned_runs() == [root / "kept"]
