@@ -41,6 +41,41 @@ class TokenAuth(grpc.ServerInterceptor):
         return self._deny_stream if details.method.endswith("/WatchJob") else self._deny
 
 
+def parsed_submit(servicer: RolloutServicer) -> grpc.RpcMethodHandler:
+    """SubmitJob with its request parsed in the handler. gRPC parses requests before a
+    handler runs and answers INTERNAL when protobuf refuses one (a spec nested past
+    protobuf's depth limit, or malformed bytes); parsed here, such a request is
+    INVALID_ARGUMENT, like every other malformed request."""
+    from google.protobuf.message import DecodeError
+
+    def handle(raw: bytes, context: grpc.ServicerContext):
+        try:
+            request = pb.SubmitJobRequest.FromString(raw)
+        except DecodeError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"the request cannot be parsed ({exc}): a malformed message, or a spec "
+                          "nested deeper than protobuf allows (about 30 levels)")  # fmt: skip
+        return servicer.SubmitJob(request, context)
+
+    return grpc.unary_unary_rpc_method_handler(
+        handle, request_deserializer=None, response_serializer=pb.Job.SerializeToString
+    )
+
+
+class _Registrar:
+    """The server as the generated add_*_to_server sees it, with some of its method
+    handlers replaced (registered handlers are looked up before generic ones)."""
+
+    def __init__(self, server: grpc.Server, replace: dict[str, grpc.RpcMethodHandler]) -> None:
+        self._server, self._replace = server, replace
+
+    def add_generic_rpc_handlers(self, handlers) -> None:
+        self._server.add_generic_rpc_handlers(handlers)
+
+    def add_registered_method_handlers(self, service: str, handlers: dict) -> None:
+        self._server.add_registered_method_handlers(service, {**handlers, **self._replace})
+
+
 class Server:
     def __init__(
         self,
@@ -64,7 +99,8 @@ class Server:
             options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)],
         )
         servicer = RolloutServicer(self.manager, self.streams)
-        pb_grpc.add_RolloutServiceServicer_to_server(servicer, self.grpc)
+        registrar = _Registrar(self.grpc, {"SubmitJob": parsed_submit(servicer)})
+        pb_grpc.add_RolloutServiceServicer_to_server(servicer, registrar)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
         names = (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME)

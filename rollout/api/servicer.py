@@ -82,6 +82,9 @@ def to_proto(r: JobRecord) -> Any:
 
 
 MAX_REQUEST_ID = 256  # characters
+# A ListJobs page stops before this many bytes of jobs (clients accept 4 MiB by default; a
+# job's spec may be up to 1 MiB), whatever page_size asks for.
+MAX_LIST_BYTES = 3 * 1024 * 1024
 
 
 class RolloutServicer(pb_grpc.RolloutServiceServicer):
@@ -135,9 +138,17 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
         after = int(token)
         records = self.manager.store.list(states, after, size + 1)
         more = len(records) > size
-        records = records[:size]
-        token = str(records[-1].seq) if more else ""
-        return pb.ListJobsResponse(jobs=[to_proto(r) for r in records], next_page_token=token)
+        jobs, total, last = [], 0, None
+        for record in records[:size]:
+            job = to_proto(record)
+            if jobs and total + job.ByteSize() > MAX_LIST_BYTES:  # pages are bounded in bytes too
+                more = True
+                break
+            jobs.append(job)
+            total += job.ByteSize()
+            last = record
+        token = str(last.seq) if more and last is not None else ""
+        return pb.ListJobsResponse(jobs=jobs, next_page_token=token)
 
     def CancelJob(self, request, context):
         return to_proto(self._call(context, self.manager.cancel, request.job_id))

@@ -104,3 +104,51 @@ def test_a_damaged_job_store_is_named_at_start(tmp_path):
     assert out.returncode == 2, out.stderr
     assert "the job store" in out.stderr and "cannot be read" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def _field(num: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field, encoded by hand (no protobuf library would build
+    what an attacker can send)."""
+
+    def varint(n: int) -> bytes:
+        out = bytearray()
+        while True:
+            out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+            n >>= 7
+            if not n:
+                return bytes(out)
+
+    return varint(num << 3 | 2) + varint(len(payload)) + payload
+
+
+def test_a_spec_nested_5000_levels_deep(service):
+    _, client, _ = service
+    value = _field(3, b"x")  # Value.string_value
+    for _ in range(5000):  # Value.struct_value -> Struct.fields -> map entry {key, value}
+        value = _field(5, _field(1, _field(1, b"a") + _field(2, value)))
+    request = _field(1, _field(1, _field(1, b"input") + _field(2, value)))  # SubmitJobRequest.spec
+    channel = grpc.insecure_channel(client.address)
+    call = channel.unary_unary("/rollout.v1.RolloutService/SubmitJob", request_serializer=None,
+                               response_deserializer=None)  # fmt: skip
+    code, msg = status(lambda: call(request, timeout=30))
+    assert code == INVALID and "nested deeper than protobuf allows" in msg
+    channel.close()
+
+
+def test_list_pages_stay_under_the_message_limit_with_large_specs(service):
+    """Six jobs with specs of about 900 KB used to make ListJobs fail for everyone (a 5 MiB
+    response over the 4 MiB default). Pages are now bounded in bytes: every job is listed,
+    over several pages."""
+    root, client, _ = service
+    big = "Answer {q} " + "x" * 900_000
+    ids = [client.submit(spec(root, prompt={"template": big}, output=str(root / f"big{i}"))).job_id
+           for i in range(6)]  # fmt: skip
+    try:
+        listed = [job.job_id for job in client.list(page_size=50)]  # the client pages through
+        assert listed == ids
+        first = client._stub.ListJobs(pb.ListJobsRequest(page_size=50), timeout=30)
+        assert 1 <= len(first.jobs) < 6 and first.next_page_token
+        assert first.ByteSize() < 4 * 1024 * 1024
+    finally:
+        for job_id in ids:
+            client.cancel(job_id)
