@@ -53,7 +53,14 @@ def token_hashes(
     """`token_hash` of every row of a flat column, or of the given `rows`: row i is
     values[offsets[i]:offsets[i + 1]] (an Arrow list array's buffers), hashed straight
     from the int32 bytes."""
-    data = memoryview(np.ascontiguousarray(values, dtype="<i4")).cast("B")
+    return _slice_hashes(offsets, values, "<i4", rows)
+
+
+def _slice_hashes(
+    offsets: np.ndarray, values: np.ndarray, dtype: str, rows: Sequence[int] | None = None
+) -> list[str]:
+    """sha256 of each row's slice of a flat 4-byte column, as `dtype` bytes."""
+    data = memoryview(np.ascontiguousarray(values, dtype=dtype)).cast("B")
     bounds = (np.asarray(offsets, dtype=np.int64) * 4).tolist()
     sha256 = hashlib.sha256
     if rows is None:
@@ -102,6 +109,16 @@ def row_hash_v2(
     return _row_hash("v2", fields, finish_reason)
 
 
+def versioned_row_hash(
+    version: str, key: tuple, logprobs_hash: str = "", top_logprobs_hash: str = ""
+) -> str:
+    """The row hash of contract `version`; `key` is (example_id, sample_index, seed,
+    prompt_hash, output_hash, finish_reason). v1 leaves the logprobs hashes out."""
+    if check_version(version) == "v1":
+        return row_hash(*key)
+    return row_hash_v2(*key, logprobs_hash, top_logprobs_hash)
+
+
 def logprobs_hash(logprobs: Sequence[float] | np.ndarray | None) -> str:
     """v2: sha256 of the logprobs as little-endian float32; "" when none were recorded."""
     if logprobs is None:
@@ -114,10 +131,7 @@ def logprobs_hashes(
 ) -> list[str]:
     """`logprobs_hash` of every row of a flat float32 list column (an Arrow list array's
     buffers); "" for rows where `valid` is False (no logprobs recorded)."""
-    data = memoryview(np.ascontiguousarray(values, dtype="<f4")).cast("B")
-    bounds = (np.asarray(offsets, dtype=np.int64) * 4).tolist()
-    sha256 = hashlib.sha256
-    hashes = [sha256(data[a:b]).hexdigest() for a, b in itertools.pairwise(bounds)]
+    hashes = _slice_hashes(offsets, values, "<f4")
     if valid is not None:
         hashes = [h if ok else "" for h, ok in zip(hashes, valid.tolist(), strict=True)]
     return hashes

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 
 from rollout import determinism
 from rollout.data.columns import list_slices
-from rollout.data.sink import top_positions_hash
+from rollout.data.sink import logprobs_column_hashes, top_positions_hash
 from rollout.errors import InputError
 from rollout.runtime.manifest import JOB, Manifest
 
@@ -173,23 +173,19 @@ class Rows:
         n = batch.num_rows
         lp_hashes = self.top_hash = [""] * n
         if "output_logprobs" in names:
-            valid = col("output_logprobs").is_valid().to_numpy(zero_copy_only=False)
-            lp_hashes = determinism.logprobs_hashes(*self._logprobs, valid=valid)  # type: ignore[misc]
+            lp_hashes = logprobs_column_hashes(col("output_logprobs"))
         if "top_logprobs" in names:
             self.top_hash = [
                 top_positions_hash(None if top is None else [[(e["token_id"], e["logprob"]) for e in pos] for pos in top])
                 for top in col("top_logprobs").to_pylist()
             ]  # fmt: skip
-        v1 = determinism.check_version(version) == "v1"
+        determinism.check_version(version)
         for i in range(n):
             ph, oh = prompt_hashes[i], output_hashes[i]
             finish = self.finish_reason[i]
             key = (self.example_id[i], self.sample_index[i], self.seq_seed[i], ph, oh, finish)
             try:
-                if v1:
-                    rh = determinism.row_hash(*key)
-                else:
-                    rh = determinism.row_hash_v2(*key, lp_hashes[i], self.top_hash[i])
+                rh = determinism.versioned_row_hash(version, key, lp_hashes[i], self.top_hash[i])
             except ValueError:  # a finish_reason outside the contract: never consistent
                 rh = f"invalid finish_reason {finish!r}"
             self.prompt_hash.append(ph)

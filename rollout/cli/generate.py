@@ -90,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     prompt_hash = determinism.token_hash(result.prompt_token_ids)
     output_hash = determinism.token_hash(result.output_token_ids)
+    lp_hash = determinism.logprobs_hash(result.output_logprobs)
+    top_hash = top_positions_hash(result.top_logprobs)
     record = {
         "example_id": example_id,
         "sample_index": sample_index,
@@ -101,18 +103,14 @@ def run(args: argparse.Namespace) -> int:
         "finish_reason": result.finish_reason,
         "prompt_hash": prompt_hash,
         "output_hash": output_hash,
-        "logprobs_hash": determinism.logprobs_hash(result.output_logprobs),
-        "top_logprobs_hash": top_positions_hash(result.top_logprobs),
-        "row_hash": determinism.row_hash_v2(
-            example_id,
-            sample_index,
-            seed,
-            prompt_hash,
-            output_hash,
-            result.finish_reason,
-            determinism.logprobs_hash(result.output_logprobs),
-            top_positions_hash(result.top_logprobs),
-        ),  # fmt: skip
+        "logprobs_hash": lp_hash,
+        "top_logprobs_hash": top_hash,
+        "row_hash": determinism.versioned_row_hash(
+            determinism.CURRENT_VERSION,
+            (example_id, sample_index, seed, prompt_hash, output_hash, result.finish_reason),
+            lp_hash,
+            top_hash,
+        ),
         "determinism": determinism.CURRENT_VERSION,
         "engine": fingerprint,
     }

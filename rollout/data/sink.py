@@ -89,22 +89,16 @@ def shard_table(schema: pa.Schema, version: str, rows: ShardRows) -> tuple[pa.Ta
     n = len(rows.row_index)
     keys = zip(rows.example_id, rows.sample_index, rows.seq_seed, prompt_hashes, output_hashes,
                g.finish_reason, strict=True)  # fmt: skip
-    if determinism.check_version(version) == "v1":
-        row_hashes = [determinism.row_hash(*key) for key in keys]
-    else:
-        lp_hashes = [""] * n
+    lp_hashes = top_hashes = [""] * n
+    if determinism.check_version(version) != "v1":
         if "output_logprobs" in schema.names and g.output_logprobs is not None:
-            lp_hashes = determinism.logprobs_hashes(
-                *list_slices(g.output_logprobs),
-                valid=g.output_logprobs.is_valid().to_numpy(zero_copy_only=False),
-            )
-        top_hashes = [""] * n
+            lp_hashes = logprobs_column_hashes(g.output_logprobs)
         if "top_logprobs" in schema.names and g.top_logprobs is not None:
             top_hashes = [top_positions_hash(top) for top in g.top_logprobs]
-        row_hashes = [
-            determinism.row_hash_v2(*key, lp, top)
-            for key, lp, top in zip(keys, lp_hashes, top_hashes, strict=True)
-        ]
+    row_hashes = [
+        determinism.versioned_row_hash(version, key, lp, top)
+        for key, lp, top in zip(keys, lp_hashes, top_hashes, strict=True)
+    ]
     columns: dict[str, pa.Array | pa.ChunkedArray] = {
         "row_index": pa.array(rows.row_index, pa.int64()),
         "example_id": pa.array(rows.example_id, pa.string()),
@@ -133,6 +127,14 @@ def shard_table(schema: pa.Schema, version: str, rows: ShardRows) -> tuple[pa.Ta
             schema.field("top_logprobs").type,
         )  # fmt: skip
     return pa.Table.from_arrays([columns[name] for name in schema.names], schema=schema), row_hashes
+
+
+def logprobs_column_hashes(column: pa.ListArray | pa.ChunkedArray) -> list[str]:
+    """`determinism.logprobs_hash` of each row of a list<float32> column ("" for null rows)."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    valid = column.is_valid().to_numpy(zero_copy_only=False)
+    return determinism.logprobs_hashes(*list_slices(column), valid=valid)
 
 
 def top_positions_hash(top: list[list[tuple[int, float]]] | None) -> str:

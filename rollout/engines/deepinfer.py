@@ -77,7 +77,6 @@ FINISH_ERRORS = {
     "xgrammar runtime errors or timeout": "structured output failed (grammar error or timeout)",
     "ve_error": "the vision encoder failed",
 }
-LOGPROB_FLOOR = -9999.0  # DeepInfer's floor for a token's logprob
 SM100_MAJOR = 10
 INSTALL_HINT = (
     "install it on the GPU nodes with `pip install 'rollout[deepinfer]'` in a Python 3.12 "

@@ -30,12 +30,11 @@ def secure_local_runtime() -> None:
     authentication anyone who reaches a port runs code as this user. A fresh random token,
     in this process's environment only (Ray's processes inherit it; nothing is written to
     ~/.ray), unless the environment already holds one."""
-    if os.environ.get("RAY_AUTH_MODE") == "token" and (
-        os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")
-    ):
+    has_token = bool(os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH"))
+    if os.environ.get("RAY_AUTH_MODE") == "token" and has_token:
         return
     os.environ["RAY_AUTH_MODE"] = "token"
-    if not os.environ.get("RAY_AUTH_TOKEN") and not os.environ.get("RAY_AUTH_TOKEN_PATH"):
+    if not has_token:
         os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
     # Ray reads the mode and the token into its C++ config when it is imported: refresh
     # both, as Ray's own test utilities do (ray/_private/authentication_test_utils.py)

@@ -122,9 +122,11 @@ class ShardPool:
         refs = [a.fingerprint.remote() for a in self.actors]
         deadline = self.rt.now() + self.start_timeout_s
         pending = list(refs)
-        while pending:
-            done = set(refs) - set(pending)
-            self._up = {i for i, r in enumerate(refs) if r in done}
+        while True:
+            waiting = set(pending)
+            self._up = {i for i, r in enumerate(refs) if r not in waiting}
+            if not pending:
+                break
             if cancel is not None and cancel.is_set():
                 raise JobCancelled("the job was cancelled while its engine actors started")
             if self.rt.now() > deadline:

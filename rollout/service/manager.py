@@ -81,12 +81,21 @@ def check_job_paths(job: JobSpec, roots: list[Path]) -> JobSpec:
         update={"input": job.input.model_copy(update={"path": inp}), "output": out}
     )
     source = Source(job.input.path, job.input.format, job.input.split)
-    for f in source.files:  # what a folder or a glob yields: each file, symlinks resolved
-        try:
-            resolve_under_roots("input.path", f.path, roots)
-        except AccessError as exc:
-            raise AccessError("input.path", job.input.path, f"holds {f.path}, which {exc.reason}") from None  # fmt: skip
+    # what a folder or a glob yields: each file, symlinks resolved
+    check_files_under_roots("input.path", job.input.path, [f.path for f in source.files], roots)
     return job
+
+
+def check_files_under_roots(
+    parameter: str, named: str, files: list[str], roots: list[Path]
+) -> None:
+    """Every file that `named` (a folder, a glob, a run) leads to lies under the roots, once
+    symlinks are resolved; else AccessError naming the file."""
+    for path in files:
+        try:
+            resolve_under_roots(parameter, path, roots)
+        except AccessError as exc:
+            raise AccessError(parameter, named, f"holds {path}, which {exc.reason}") from None
 
 
 class JobManager:
@@ -179,11 +188,8 @@ class JobManager:
         record = self.store.get(ref)
         path = record.output if record is not None else ref
         run = RunDir(resolve_under_roots(parameter, path, self.roots), label=ref)
-        for _, shard in run.shard_files():  # each file it will read, symlinks resolved
-            try:
-                resolve_under_roots(parameter, str(shard), self.roots)
-            except AccessError as exc:
-                raise AccessError(parameter, ref, f"holds {shard.name}, which {exc.reason}") from None  # fmt: skip
+        shards = [str(shard) for _, shard in run.shard_files()]  # each file it will read
+        check_files_under_roots(parameter, ref, shards, self.roots)
         return run
 
     def orphaned_runs(self, limit: int = 3) -> list[Path]:

@@ -9,7 +9,7 @@ the portable one (the tests run both).
 The library is compiled on first use with the system C compiler (`$CC`, else `cc`) into
 `$ROLLOUT_CACHE/kernels/<hash of source, flags, compiler>/`, written to a temporary name
 and renamed, so concurrent engine processes never load a half-written file. `make
-install` builds it ahead (`python -m rollout.engines.smollm2.kernels`).
+install` builds it ahead (`main()`).
 """
 
 from __future__ import annotations
@@ -51,8 +51,7 @@ def _compiler() -> str:
     return cc
 
 
-def _library_path(flags: list[str]) -> Path:
-    cc = _compiler()
+def _library_path(cc: str, flags: list[str]) -> Path:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
     key = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode() + version.encode())
     return cache_root() / "kernels" / key.hexdigest()[:20] / "librollout_kernels.so"
@@ -64,7 +63,8 @@ def build(extra_flags: tuple[str, ...] = ()) -> Path:
     `extra_flags=("-DROLLOUT_PORTABLE_ONLY",)` builds only the plain C path (fmaf from the
     C library), which the tests compare with the default build."""
     flags = [*FLAGS, *extra_flags]
-    target = _library_path(flags)
+    cc = _compiler()
+    target = _library_path(cc, flags)
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -72,7 +72,7 @@ def build(extra_flags: tuple[str, ...] = ()) -> Path:
     torch_lib = Path(torch.__file__).parent / "lib"
     fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=target.parent)
     os.close(fd)
-    cmd = [_compiler(), *flags, "-o", tmp, str(SOURCE), "-lm"]
+    cmd = [cc, *flags, "-o", tmp, str(SOURCE), "-lm"]
     if (torch_lib / "libgomp.so.1").exists():
         cmd += [f"-Wl,-rpath,{torch_lib}"]
     try:

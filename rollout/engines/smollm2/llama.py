@@ -190,10 +190,12 @@ class LlamaCPU:
         )  # fmt: skip
         return x + self._linear(attn, layer.w_o)
 
+    def _silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        return kernels.silu_mul(gate_up, self.cfg.intermediate_size)
+
     def _mlp(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
         gate_up = self._linear(self._norm(x, layer.mlp_norm), layer.w_gate_up)
-        act = kernels.silu_mul(gate_up, self.cfg.intermediate_size)
-        return x + self._linear(act, layer.w_down)
+        return x + self._linear(self._silu_mul(gate_up), layer.w_down)
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         return self._linear(self._norm(x, self.final_norm), self.lm_head)

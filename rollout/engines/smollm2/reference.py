@@ -24,13 +24,9 @@ class LlamaTorch(LlamaCPU):
     def _linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return F.linear(x, w)
 
-    def _mlp(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
+    def _silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         inter = self.cfg.intermediate_size
-        gate_up = self._linear(self._norm(x, layer.mlp_norm), layer.w_gate_up)
-        return x + self._linear(F.silu(gate_up[:, :inter]) * gate_up[:, inter:], layer.w_down)
-
-    def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        return self._linear(self._norm(x, self.final_norm), self.lm_head)
+        return F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
 
     def _attention(self, li: int, layer: _Layer, x: torch.Tensor, rows: _Rows) -> torch.Tensor:
         cfg = self.cfg

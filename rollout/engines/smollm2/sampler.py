@@ -1,4 +1,4 @@
-"""Deterministic, batch-independent token sampling (rollout-sampler-v1).
+"""Deterministic, batch-independent token sampling (rollout-sampler-v2).
 
 The random draw for a sequence at output position t is a counter-based uniform
 keyed by (seq_seed, t) alone (splitmix64), never a global RNG. Each row is sampled on
