@@ -12,7 +12,8 @@ import fnmatch
 import hashlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
@@ -23,6 +24,7 @@ import pyarrow.ipc as ipc
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
+from rollout.data.confined import fd_path, open_under_roots
 from rollout.errors import InputError
 
 EXTENSIONS = {
@@ -75,8 +77,13 @@ def _read_json(fs: pafs.FileSystem, path: str) -> dict:
 class Source:
     """An input dataset: its files, format, schema and row counts."""
 
-    def __init__(self, path: str, fmt: str = "auto", split: str | None = None) -> None:
+    def __init__(
+        self, path: str, fmt: str = "auto", split: str | None = None, roots: Sequence[str] = ()
+    ) -> None:
         self.spec_path = path
+        # with roots (the service's data roots), every file is opened under them without
+        # following symlinks (rollout/data/confined.py)
+        self.roots = tuple(roots)
         self.fs, root = _filesystem(path)
         self.format, self.files = self._discover(root, fmt, split)
         self._counts: list[int] | None = None
@@ -153,6 +160,26 @@ class Source:
         return [InputFile(p, self.fs.get_file_info(p).size) for p in files]
 
     # -- reading ------------------------------------------------------------------------------
+    @contextmanager
+    def _open(self, path: str, stream: bool = False) -> Iterator[pa.NativeFile]:
+        opener = self.fs.open_input_stream if stream else self.fs.open_input_file
+        if not self.roots:
+            with opener(path) as handle:
+                yield handle
+            return
+        fd = open_under_roots("input.path", path, self.roots)
+        try:
+            pinned = fd_path(fd)
+            if pinned is None:  # no /proc: read through the descriptor itself
+                with pa.PythonFile(os.fdopen(os.dup(fd), "rb"), mode="r") as handle:
+                    yield handle
+                return
+            handle = opener(pinned)
+        finally:
+            os.close(fd)
+        with handle:
+            yield handle
+
     def _batches(self, f: InputFile, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
         try:
             yield from self._batches_unchecked(f, columns)
@@ -171,10 +198,10 @@ class Source:
     ) -> Iterator[pa.RecordBatch]:
         fmt = self.format
         if fmt == "parquet":
-            with self.fs.open_input_file(f.path) as handle:
+            with self._open(f.path) as handle:
                 yield from pq.ParquetFile(handle).iter_batches(batch_size=4096, columns=columns)
         elif fmt in ("arrow", "hf"):
-            with self.fs.open_input_file(f.path) as handle:
+            with self._open(f.path) as handle:
                 magic = handle.read(6)
                 handle.seek(0)
                 if magic == b"ARROW1":
@@ -185,11 +212,11 @@ class Source:
                     for batch in ipc.open_stream(handle):
                         yield _select(batch, columns)
         elif fmt == "jsonl":
-            with self.fs.open_input_stream(f.path) as handle:
+            with self._open(f.path, stream=True) as handle:
                 for batch in pajson.open_json(handle):
                     yield _select(batch, columns)
         elif fmt == "csv":
-            with self.fs.open_input_stream(f.path) as handle:
+            with self._open(f.path, stream=True) as handle:
                 for batch in pacsv.open_csv(handle):
                     yield _select(batch, columns)
         else:  # pragma: no cover - formats are validated by the spec
@@ -198,7 +225,7 @@ class Source:
     def _file_rows(self, f: InputFile) -> int:
         if self.format == "parquet":
             try:
-                with self.fs.open_input_file(f.path) as handle:
+                with self._open(f.path) as handle:
                     return pq.ParquetFile(handle).metadata.num_rows
             except (pa.ArrowInvalid, OSError) as exc:
                 raise InputError(
@@ -235,7 +262,7 @@ class Source:
     def _file_schema(self, f: InputFile) -> pa.Schema:
         if self.format == "parquet":
             try:
-                with self.fs.open_input_file(f.path) as handle:
+                with self._open(f.path) as handle:
                     return pq.ParquetFile(handle).schema_arrow
             except (pa.ArrowInvalid, OSError) as exc:
                 raise InputError(
@@ -264,7 +291,7 @@ class Source:
         self, f: InputFile, lo: int, hi: int, columns: list[str] | None
     ) -> Iterator[pa.RecordBatch]:
         if self.format == "parquet":
-            with self.fs.open_input_file(f.path) as handle:
+            with self._open(f.path) as handle:
                 pf = pq.ParquetFile(handle)
                 pos = 0
                 for g in range(pf.metadata.num_row_groups):
@@ -291,7 +318,7 @@ class Source:
         files = []
         for f, rows in zip(self.files, self.row_counts(), strict=True):
             h = hashlib.sha256()
-            with self.fs.open_input_stream(f.path) as handle:
+            with self._open(f.path, stream=True) as handle:
                 while chunk := handle.read(1 << 22):
                     h.update(chunk)
             files.append({"sha256": h.hexdigest(), "rows": rows})

@@ -50,14 +50,18 @@ def release_resource_group(actor_id: str) -> None:
 class EngineWorker:
     """Holds one started engine and the job's input; runs shards. Wrapped by `ray.remote`."""
 
-    def __init__(self, spec_json: str, shard_dir: str, row_counts: list[int]) -> None:
+    def __init__(
+        self, spec_json: str, shard_dir: str, row_counts: list[int], roots: tuple[str, ...] = ()
+    ) -> None:
         from rollout.data.sources import Source
         from rollout.engines import create_engine
         from rollout.errors import InputError
         from rollout.jobs.spec import JobSpec
 
         self.spec = JobSpec.model_validate_json(spec_json)
-        self.source = Source(self.spec.input.path, self.spec.input.format, self.spec.input.split)
+        self.roots = tuple(roots)
+        spec_input = self.spec.input
+        self.source = Source(spec_input.path, spec_input.format, spec_input.split, self.roots)
         if len(self.source.files) != len(row_counts):
             raise InputError(
                 f"input {self.spec.input.path!r}", "its files changed while the job was starting"
@@ -86,7 +90,7 @@ class EngineWorker:
         from rollout.runtime.shard import run_shard
 
         try:
-            return run_shard(self.spec, self.source, self.engine, task, self.shard_dir)
+            return run_shard(self.spec, self.source, self.engine, task, self.shard_dir, self.roots)
         except EngineLost as exc:  # this actor can no longer serve: let the pool replace it
             print(f"[rollout] {exc}; this engine actor exits", file=sys.stderr, flush=True)
             os._exit(1)

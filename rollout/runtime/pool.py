@@ -76,12 +76,14 @@ class RayRuntime:
 class ShardPool:
     @classmethod
     def for_job(
-        cls, spec: JobSpec, shard_dir: str, row_counts: list[int], size: int | None = None
-    ) -> ShardPool:
-        """A pool of `size` (default pool.actors) engine actors for the job."""
+        cls, spec: JobSpec, shard_dir: str, row_counts: list[int], size: int | None = None,
+        roots: tuple[str, ...] = (),
+    ) -> ShardPool:  # fmt: skip
+        """A pool of `size` (default pool.actors) engine actors for the job; with `roots`,
+        the actors read and write under them without following symlinks."""
         p = spec.pool
-        runtime = RayRuntime((spec.model_dump_json(), shard_dir, row_counts), p.cpus_per_actor,
-                             p.gpus_per_actor)  # fmt: skip
+        runtime = RayRuntime((spec.model_dump_json(), shard_dir, row_counts, roots),
+                             p.cpus_per_actor, p.gpus_per_actor)  # fmt: skip
         shards = -(-sum(row_counts) // spec.shard_size)
         size = cluster.pool_size(
             size or p.actors, p.cpus_per_actor, p.gpus_per_actor, max(shards, 1)

@@ -37,20 +37,23 @@ def record_batches(
     manifest: Manifest,
     batches: Iterable[list[ShardResult]],
     on_result: Callable[[ShardResult], None],
+    label: Path | None = None,
 ) -> None:
-    """Record every batch of finished shards of `batches` into `manifest` and its journal;
-    `on_result` sees each shard once it is recorded."""
+    """Record every batch of finished shards of `batches` into `manifest` and its journal
+    in `out`; `on_result` sees each shard once it is recorded; messages name `label`
+    (default `out`)."""
+    named = label or out
     by_id = {s.shard_id: s for s in manifest.shards}
     snapshot_at = time.monotonic()
     try:
         for batch in batches:
-            with writing(out, f"shards {[r.shard_id for r in batch]} could not be recorded"):
+            with writing(named, f"shards {[r.shard_id for r in batch]} could not be recorded"):
                 Manifest.record(out, batch)  # durable: one append per batch
             for result in batch:  # recorded: now part of the run
                 by_id[result.shard_id].mark_complete(result)
                 faults.after_record(result.shard_id, result.pid)
             if time.monotonic() - snapshot_at >= SNAPSHOT_EVERY_S:
-                with writing(out, "the manifest snapshot could not be written"):
+                with writing(named, "the manifest snapshot could not be written"):
                     manifest.save(out)
                 snapshot_at = time.monotonic()
             for result in batch:

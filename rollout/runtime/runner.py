@@ -20,6 +20,7 @@ import shutil
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -28,6 +29,7 @@ import pyarrow.parquet as pq
 
 from rollout import determinism
 from rollout.audit.runs import verify_shard_file
+from rollout.data.confined import fd_path, open_under_roots
 from rollout.data.prompts import check_columns
 from rollout.data.sink import ROW_GROUP_ROWS, file_sha256, fsync_dir
 from rollout.data.sources import Source
@@ -185,9 +187,13 @@ class JobRunner:
         ray_address: str | None = None,
         progress: Progress | None = None,
         cancel: threading.Event | None = None,
+        roots: Sequence[str] = (),
     ) -> None:
         self.spec = spec
-        self.out = Path(spec.output).expanduser().resolve()
+        self.out = Path(spec.output).expanduser().resolve()  # named in messages
+        self.io = self.out  # used for I/O: once locked under roots, the opened directory itself
+        self.roots = tuple(roots)
+        self._out_fd: int | None = None
         self.ray_address = ray_address
         self.progress = progress
         self.cancel = cancel
@@ -196,7 +202,7 @@ class JobRunner:
         started = time.monotonic()
         self._cpu_started = time.process_time()
         spec = self.spec
-        source = Source(spec.input.path, spec.input.format, spec.input.split)
+        source = Source(spec.input.path, spec.input.format, spec.input.split, self.roots)
         check_columns(source.schema(), spec, where=f"input {spec.input.path!r}")
         counts = source.row_counts()
         if sum(counts) == 0:
@@ -212,6 +218,8 @@ class JobRunner:
             return self._run_locked(source, counts, existing, started)
         finally:
             self._lock_file.close()
+            if self._out_fd is not None:
+                os.close(self._out_fd)
 
     def _run_locked(
         self, source: Source, counts: list[int], existing: Manifest | None, started: float
@@ -223,14 +231,14 @@ class JobRunner:
 
         # Re-hash a previous run's complete shards before the engines take the CPUs.
         self._checks = self._verify_existing(existing)
-        pool = ShardPool.for_job(spec, str(self.out / STAGING), counts)
+        pool = ShardPool.for_job(spec, str(self.out / STAGING), counts, roots=self.roots)
         try:
             config = spec.config_view(input_fp, pool.engine_fingerprint(self.cancel))
             with writing(self.out, "the run could not be started"):
                 manifest, resumed = self._prepare(
                     existing, config, determinism.config_hash(config), sum(counts)
                 )
-                write_json_atomic(self.out / JOB, spec.model_dump(mode="json"))
+                write_json_atomic(self.io / JOB, spec.model_dump(mode="json"))
             if self.progress:
                 self.progress.start(manifest)
             todo = [
@@ -244,7 +252,7 @@ class JobRunner:
                 if self.progress:
                     self.progress.shard_done(result, manifest)
 
-            record_batches(self.out, manifest, pool.run(todo, self.cancel), recorded)
+            record_batches(self.io, manifest, pool.run(todo, self.cancel), recorded, self.out)
             with writing(self.out, "the finished run could not be written"):
                 return self._finish(manifest, resumed, started, pool)
         finally:
@@ -252,15 +260,21 @@ class JobRunner:
 
     def _lock(self) -> None:
         """Hold `.lock` in the output directory for the whole run: one writer per directory."""
-        self.out.mkdir(parents=True, exist_ok=True)
+        if self.roots:  # made and opened under the roots without following symlinks
+            self._out_fd = open_under_roots("output", str(self.out), self.roots, directory=True, create=True)  # fmt: skip
+            self.io = Path(fd_path(self._out_fd) or self.out)
+        else:
+            self.out.mkdir(parents=True, exist_ok=True)
         # opened read-only: a lock held open for writing would keep the filesystem from
         # being remounted read-only (EBUSY) while a run holds it
-        fd = os.open(self.out / ".lock", os.O_RDONLY | os.O_CREAT, 0o644)
+        fd = os.open(self.io / ".lock", os.O_RDONLY | os.O_CREAT, 0o644)
         self._lock_file = os.fdopen(fd, "r")  # noqa: SIM115 - held while the runner lives
         try:
             fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             self._lock_file.close()
+            if self._out_fd is not None:
+                os.close(self._out_fd)
             raise ConfigError(
                 "output", str(self.out), "is being written by another rollout run"
             ) from None
@@ -271,11 +285,11 @@ class JobRunner:
     ) -> dict[str, tuple[str, int | None, str | None]]:
         if existing is None:
             return {}
-        folder = self.out / (
-            DATA if existing.status == "complete" and (self.out / DATA).is_dir() else STAGING
+        folder = self.io / (
+            DATA if existing.status == "complete" and (self.io / DATA).is_dir() else STAGING
         )
-        if not folder.is_dir() and (self.out / DATA).is_dir():
-            folder = self.out / DATA
+        if not folder.is_dir() and (self.io / DATA).is_dir():
+            folder = self.io / DATA
         complete = [folder / e.file for e in existing.shards if e.complete]
         return verify_files(complete, existing.determinism)
 
@@ -298,15 +312,14 @@ class JobRunner:
     ) -> tuple[Manifest, int]:
         self._prompt_tokens = self._output_tokens = 0
         self._actor_cpu = 0.0
-        self.out.mkdir(parents=True, exist_ok=True)
-        staging = self.out / STAGING
+        staging = self.io / STAGING
         if existing is None:
             manifest = Manifest(chash, config, config["engine"], total, self.spec.shard_size,
                                 plan_shards(total, self.spec.shard_size),
                                 determinism=determinism.CURRENT_VERSION)  # fmt: skip
             shutil.rmtree(staging, ignore_errors=True)
             staging.mkdir()
-            manifest.save(self.out)
+            manifest.save(self.io)
             return manifest, 0
         if existing.config_hash != chash:
             differ = ", ".join(d.path for d in config_diff(existing.config, config)) or "unknown"
@@ -316,12 +329,12 @@ class JobRunner:
                 f"holds a run of another config (config_hash {existing.config_hash[:12]}, this job "
                 f"{chash[:12]}; differing fields: {differ}); choose another output directory",
             )
-        if existing.status == "complete" and (self.out / DATA).is_dir():
-            (self.out / DATA).rename(staging)  # re-verified below, renamed back at the end
+        if existing.status == "complete" and (self.io / DATA).is_dir():
+            (self.io / DATA).rename(staging)  # re-verified below, renamed back at the end
             existing.status = "running"
         elif not staging.is_dir():
-            if (self.out / DATA).is_dir():  # stopped between the rename and the manifest update
-                (self.out / DATA).rename(staging)
+            if (self.io / DATA).is_dir():  # stopped between the rename and the manifest update
+                (self.io / DATA).rename(staging)
             else:
                 staging.mkdir()
         if existing.shard_size != self.spec.shard_size:
@@ -348,7 +361,7 @@ class JobRunner:
             if leftover.name not in keep:
                 leftover.unlink()
         existing.run_digest = existing.rows = None
-        existing.save(self.out)
+        existing.save(self.io)
         return existing, resumed
 
     # -- finish --------------------------------------------------------------------------------
@@ -358,24 +371,24 @@ class JobRunner:
         self._actor_cpu += result.cpu_seconds
 
     def _finish(self, manifest: Manifest, resumed: int, started: float, pool: Any) -> RunSummary:
-        staging = self.out / STAGING
+        staging = self.io / STAGING
         hashes_digest = determinism.run_digest(
             self._row_hashes(manifest, staging), manifest.determinism
         )
         manifest.rows = sum(s.rows or 0 for s in manifest.shards)
         skipped = [row for s in manifest.shards for row in s.skipped]
-        tmp = self.out / f".{ERRORS}.tmp"
+        tmp = self.io / f".{ERRORS}.tmp"
         with open(tmp, "w", encoding="utf-8") as f:
             for row in skipped:
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")
-        os.replace(tmp, self.out / ERRORS)
+        os.replace(tmp, self.io / ERRORS)
         for stray in staging.glob(".*.tmp"):  # a write cut short (a killed backup copy)
             stray.unlink()
-        staging.rename(self.out / DATA)
-        fsync_dir(self.out)
+        staging.rename(self.io / DATA)
+        fsync_dir(self.io)
         manifest.run_digest = hashes_digest
         manifest.status = "complete"
-        manifest.save(self.out)
+        manifest.save(self.io)
         seconds = time.monotonic() - started
         summary = RunSummary(
             output=str(self.out),
@@ -397,7 +410,7 @@ class JobRunner:
             dispatch_latency_p50_ms=pool.dispatch_latency_ms(0.5),
             dispatch_latency_p99_ms=pool.dispatch_latency_ms(0.99),
         )
-        write_json_atomic(self.out / STATS, asdict(summary))
+        write_json_atomic(self.io / STATS, asdict(summary))
         return summary
 
     @staticmethod

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rollout import determinism
+from rollout.data.confined import confined_dir
 from rollout.data.prompts import needed_columns, render_rows
 from rollout.data.sink import ShardRows, file_sha256, output_schema, shard_table, write_atomic
 from rollout.data.sources import Source
@@ -67,8 +68,9 @@ def example_id_of(row: dict, id_column: str | None, row_index: int) -> str:
 
 
 def run_shard(
-    spec: JobSpec, source: Source, engine: Engine, task: ShardTask, out_dir: Path
-) -> ShardResult:
+    spec: JobSpec, source: Source, engine: Engine, task: ShardTask, out_dir: Path,
+    roots: tuple[str, ...] = (),
+) -> ShardResult:  # fmt: skip
     started, cpu_started = time.monotonic(), time.process_time()
     faults.set_shard(task.shard_id)
     faults.point("before_first_row", task.shard_id)
@@ -149,7 +151,9 @@ def run_shard(
     output_tokens = int(pc.sum(out_table.column("num_output_tokens")).as_py() or 0)
     try:
         faults.point("write_enospc", task.shard_id)
-        write_atomic(out_table, out_dir / task.file_name)
+        with confined_dir("output", str(out_dir), roots) as folder:
+            write_atomic(out_table, folder / task.file_name)
+            sha = file_sha256(folder / task.file_name)
     except OSError as exc:
         raise OutputError(
             f"output {out_dir}", f"shard {task.shard_id} could not be written: {exc}"
@@ -168,7 +172,7 @@ def run_shard(
         skipped=skipped,
         cpu_seconds=time.process_time() - cpu_started,
         pid=os.getpid(),
-        file_sha256=file_sha256(out_dir / task.file_name),
+        file_sha256=sha,
     )
 
 

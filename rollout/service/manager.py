@@ -236,6 +236,7 @@ class JobManager:
                 self.ray_address,
                 progress=_StoreProgress(self, job_id),
                 cancel=self._cancel[job_id],
+                roots=tuple(map(str, self.roots)),
             )
             summary = runner.run()
             self.store.update(job_id, state="SUCCEEDED", finished_at=time.time(), run_digest=summary.run_digest,

@@ -82,6 +82,88 @@ def test_no_ray_port_runs_code_without_the_token(tmp_path):
         time.sleep(0.5)
 
 
+@pytest.fixture
+def namespace():
+    """Another network namespace on this machine, joined to it by a veth pair and routed to
+    it: a host of its own, as a neighbour on the network would be. Needs root and `ip`."""
+    name = f"rollout-probe-{os.getpid()}"
+    host_end, ns_end = f"rp{os.getpid() % 100000}h", f"rp{os.getpid() % 100000}n"
+    steps = [
+        ["ip", "netns", "add", name],
+        ["ip", "link", "add", host_end, "type", "veth", "peer", "name", ns_end],
+        ["ip", "link", "set", ns_end, "netns", name],
+        ["ip", "addr", "add", "10.231.7.1/30", "dev", host_end],
+        ["ip", "link", "set", host_end, "up"],
+        ["ip", "netns", "exec", name, "ip", "addr", "add", "10.231.7.2/30", "dev", ns_end],
+        ["ip", "netns", "exec", name, "ip", "link", "set", ns_end, "up"],
+        ["ip", "netns", "exec", name, "ip", "route", "add", "default", "via", "10.231.7.1"],
+    ]
+    try:
+        for step in steps:
+            subprocess.run(step, check=True, capture_output=True, timeout=30)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+        pytest.skip(f"cannot make a network namespace here ({exc}); the non-loopback probe above still runs")  # fmt: skip
+    yield name
+    subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
+    subprocess.run(["ip", "link", "del", host_end], capture_output=True, timeout=30)
+
+
+def _listening_ports(pid: int) -> list[int]:
+    """The TCP ports the process `pid` and its descendants (Ray's GCS, raylet, agents and
+    workers) listen on at a non-loopback address."""
+    import psutil
+
+    tree = {pid} | {p.pid for p in psutil.Process(pid).children(recursive=True)}
+    return sorted({
+        c.laddr.port for c in psutil.net_connections(kind="tcp")
+        if c.pid in tree and c.status == psutil.CONN_LISTEN
+        and not c.laddr.ip.startswith("127.") and c.laddr.ip != "::1"
+    })  # fmt: skip
+
+
+def _probe(namespace: str, host: str, token: str, ports: list[int]) -> dict:
+    probe = Path(__file__).with_name("ray_probe.py")
+    out = subprocess.run(["ip", "netns", "exec", namespace, sys.executable, str(probe), host, token,
+                          *map(str, ports)], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout)
+
+
+def test_from_another_network_namespace_no_ray_port_answers_without_the_token(namespace, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    owner = subprocess.Popen([sys.executable, "-c", OWNER], env=env, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    try:
+        info = json.loads(owner.stdout.readline())
+        host = info["gcs"].rsplit(":", 1)[0]
+        ports = _listening_ports(owner.pid)
+        gcs_port = info["gcs"].rsplit(":", 1)[1]
+        assert int(gcs_port) in ports and len(ports) >= 4, ports  # GCS, raylet, agent, workers
+        stranger = _probe(namespace, host, "-", ports)
+        for port, seen in stranger.items():
+            assert seen["reachable"], f"port {port} is not reachable from the namespace: {seen}"
+            answers = [*seen["grpc"].values(), seen["http"]]
+            assert "OK" not in answers and not seen["http"].startswith("2"), f"port {port}: {seen}"
+            # each port was reached by a Ray service that refused for want of the token
+            assert "UNAUTHENTICATED" in answers or seen["http"] == "401", f"port {port}: {seen}"
+        # Ray's own client from the namespace is refused too
+        attacker_home = tmp_path / "attacker"
+        attacker_home.mkdir()
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+        got = subprocess.run(["ip", "netns", "exec", namespace, sys.executable, "-c", ATTACK, info["gcs"]],
+                             env=clean | {"HOME": str(attacker_home), "RAY_AUTH_MODE": "disabled"},
+                             capture_output=True, text=True, timeout=120).stdout  # fmt: skip
+        assert got.strip().splitlines()[-1].startswith("REFUSED"), got
+        # with the token the same probe is served: the namespace does reach Ray
+        friend = _probe(namespace, host, info["token"], ports)
+        assert friend[gcs_port]["grpc"]["/ray.rpc.NodeInfoGcsService/GetAllNodeInfo"] == "OK"
+    finally:
+        owner.stdin.close()
+        owner.wait(60)
+        time.sleep(0.5)
+
+
 def test_joining_a_cluster_without_authentication_is_refused(monkeypatch):
     import ray
 
