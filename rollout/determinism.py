@@ -165,6 +165,20 @@ def run_digest(row_hashes_in_order: Iterable[str], version: str) -> str:
     return h.hexdigest()
 
 
+def scores_json(scores: dict[str, Any] | None) -> str:
+    """A row's score columns (name -> value; null for none) as the contract encodes them."""
+    return json.dumps(scores, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)  # fmt: skip
+
+
+def score_digest(rows_in_order: Iterable[tuple[int, int, str]]) -> str:
+    """Digest of a run's scores: (row_index, sample_index, scores_json) of every row, sorted
+    by (row_index, sample_index) (DETERMINISM.md v2, scores)."""
+    h = hashlib.sha256(b"rollout-scores-v2\n")
+    for row_index, sample_index, sj in rows_in_order:
+        h.update(f"{row_index}\t{sample_index}\t{sj}\n".encode())
+    return h.hexdigest()
+
+
 def check_version(version: str) -> str:
     if version not in CONTRACT_VERSIONS:
         raise ValueError(

@@ -7,6 +7,7 @@ import json
 import sys
 import time
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from rollout.jobs.spec import load_job_spec
@@ -62,7 +63,24 @@ def run(args: argparse.Namespace) -> int:
             f"run_digest: {summary.run_digest}\n"
             f"config:     {summary.config_hash}"
         )
+        if summary.score_digest:
+            print(scores_line(Path(summary.output)) + f"\nscore_digest: {summary.score_digest}")
     return 0
+
+
+def scores_line(run: Path) -> str:
+    """Each score's mean and 95% interval from the run's scores.json, on one line."""
+    import json
+
+    metrics = json.loads((run / "scores.json").read_text(encoding="utf-8"))["metrics"]
+    parts = []
+    for name, m in metrics.items():
+        ci = m["ci95"]
+        mean = "n/a" if m["mean"] is None else f"{m['mean']:.4g}"
+        parts.append(f"{name} {mean}" + (f" [{ci[0]:.3g}, {ci[1]:.3g}]" if ci else ""))
+        for k, p in m.get("pass_at_k", {}).items():
+            parts.append(f"{name} pass@{k} {p['mean']:.4g}")
+    return "scores:     " + "; ".join(parts)
 
 
 class _ProgressBar:

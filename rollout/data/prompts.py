@@ -17,49 +17,57 @@ from rollout.errors import ConfigError, InputError
 from rollout.jobs.spec import JobSpec, PromptSpec
 
 
-def template_fields(template: str) -> list[str]:
+def template_fields(template: str, parameter: str = "prompt.template") -> list[str]:
     """The column names a template uses; only plain `{name}` fields are allowed."""
     fields: list[str] = []
     try:
         parsed = list(string.Formatter().parse(template))
     except ValueError as exc:
-        raise ConfigError("prompt.template", template, f"is not a valid template: {exc}") from None
+        raise ConfigError(parameter, template, f"is not a valid template: {exc}") from None
     for _, name, spec, conversion in parsed:
         if name is None:
             continue
         if not name.isidentifier() and not name.replace("-", "_").replace(" ", "_").isidentifier():
             raise ConfigError(
-                "prompt.template",
+                parameter,
                 template,
                 f"field {{{name}}} must be a plain column name (no attributes, no indexing)",
             )
         if spec or conversion:
             raise ConfigError(
-                "prompt.template",
+                parameter,
                 template,
                 f"field {{{name}}} may not carry a format spec or conversion",
             )
         fields.append(name)
     if not fields:
-        raise ConfigError(
-            "prompt.template", template, "uses no column; write fields like {question}"
-        )
+        raise ConfigError(parameter, template, "uses no column; write fields like {question}")
     return fields
 
 
 def needed_columns(spec: JobSpec) -> list[str]:
     """Every input column the job reads, in a stable order."""
+    from rollout.scoring.registry import is_import_path, scorer_class
+
     p = spec.prompt
     cols: list[str] = []
-    if p.column:
+    if p is not None and p.column:
         cols.append(p.column)
-    if p.messages_column:
+    if p is not None and p.messages_column:
         cols.append(p.messages_column)
-    if p.template:
+    if p is not None and p.template:
         cols.extend(template_fields(p.template))
+    tf = spec.teacher_forcing
+    if tf is not None:
+        cols += [c for c in (tf.prompt_ids_column, tf.completion_column, tf.completion_ids_column) if c]  # fmt: skip
     if spec.id_column:
         cols.append(spec.id_column)
     cols.extend(spec.carry_columns)
+    for e in spec.scoring:
+        cols.extend(e.columns)
+        if not is_import_path(e.scorer):
+            scorer = scorer_class(e.scorer, f"scoring.{e.name}.scorer")(e.name, e.options)
+            cols.extend(scorer.columns())
     return list(dict.fromkeys(cols))
 
 
@@ -73,13 +81,13 @@ def check_columns(schema: pa.Schema, spec: JobSpec, where: str) -> None:
                 where, f"has no column {col!r} ({role}); available columns: {', '.join(available)}"
             )
     p = spec.prompt
-    if p.column is not None:
+    if p is not None and p.column is not None:
         kind = schema.field(p.column).type
         if not (
             pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_null(kind)
         ):
             raise InputError(where, f"column {p.column!r} (prompt.column) holds {kind}, not text")
-    if p.messages_column is not None:
+    if p is not None and p.messages_column is not None:
         kind = schema.field(p.messages_column).type
         if not (pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_null(kind)):
             raise InputError(
@@ -91,15 +99,24 @@ def check_columns(schema: pa.Schema, spec: JobSpec, where: str) -> None:
 
 def _role_of(spec: JobSpec, col: str) -> str:
     p = spec.prompt
-    if col == p.column:
+    if p is not None and col == p.column:
         return "prompt.column"
-    if col == p.messages_column:
+    if p is not None and col == p.messages_column:
         return "prompt.messages_column"
+    tf = spec.teacher_forcing
+    if tf is not None and col in (
+        tf.prompt_ids_column,
+        tf.completion_column,
+        tf.completion_ids_column,
+    ):
+        return "teacher_forcing"
     if col == spec.id_column:
         return "id_column"
     if col in spec.carry_columns:
         return "carry_columns"
-    return "a field of prompt.template"
+    if p is not None and p.template and col in template_fields(p.template):
+        return "a field of prompt.template"
+    return "read by a scorer of scoring"
 
 
 @dataclass

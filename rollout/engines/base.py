@@ -22,6 +22,10 @@ class GenerationRequest:
     prompt_token_ids: Sequence[int]
     params: SamplingParams
     seq_seed: int
+    # Teacher forcing: the completion is given; the engine records the logprob of each of
+    # its tokens after the prompt and the tokens before it (as a draw of that token would
+    # have recorded it), finish_reason "length". None: generate.
+    forced_output: Sequence[int] | None = None
 
 
 @dataclass
@@ -114,6 +118,42 @@ def prepare_prompt(request: GenerationRequest, max_model_len: int) -> list[int]:
     return prompt
 
 
+def check_forced(request: GenerationRequest, prompt: list[int], max_model_len: int, vocab: int) -> list[int]:  # fmt: skip
+    """A teacher-forced request's completion, checked: not empty, inside the vocabulary and
+    the context."""
+    forced = list(map(int, request.forced_output or ()))
+    where = f"request {request.request_id!r}: completion"
+    if not forced:
+        raise InputError(where, "the completion to score is empty (0 tokens)")
+    bad = next((t for t in forced if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise InputError(where, f"token id {bad} is outside the vocabulary [0, {vocab})")
+    if len(prompt) + len(forced) > max_model_len:
+        raise InputError(
+            where,
+            f"prompt ({len(prompt)}) and completion ({len(forced)}) tokens exceed the context of "
+            f"{max_model_len} tokens (max_model_len)",
+        )
+    return forced
+
+
+def with_forced(
+    requests: Sequence[GenerationRequest],
+    generate: Callable[[Sequence[GenerationRequest]], list[GenerationResult]],
+    force: Callable[[Sequence[GenerationRequest]], list[GenerationResult]],
+) -> list[GenerationResult]:
+    """Results in request order: teacher-forced requests through `force`, the rest through
+    `generate`."""
+    results: list[GenerationResult | None] = [None] * len(requests)
+    for forced in (False, True):
+        picked = [i for i, r in enumerate(requests) if (r.forced_output is not None) == forced]
+        if picked:
+            done = (force if forced else generate)([requests[i] for i in picked])
+            for i, result in zip(picked, done, strict=True):
+                results[i] = result
+    return [r for r in results if r is not None]
+
+
 def _where(request: GenerationRequest) -> str:
     return f"request {request.request_id!r}: prompt_token_ids"
 
@@ -148,6 +188,11 @@ class Engine(ABC):
     @abstractmethod
     def encode(self, text: str) -> list[int]:
         """Tokenize a plain-text prompt as it is fed to the model."""
+
+    def encode_continuation(self, text: str) -> list[int]:
+        """Tokenize text that continues a prompt (a completion to teacher-force): no BOS or
+        other special tokens added."""
+        return self.encode(text)
 
     @abstractmethod
     def apply_chat_template(self, messages: Sequence[dict[str, str]]) -> str:

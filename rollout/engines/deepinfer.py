@@ -37,7 +37,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from rollout.engines.base import GenerationRequest, GenerationResult, prepare_prompt
+from rollout.engines.base import GenerationRequest, GenerationResult, check_forced, prepare_prompt
 from rollout.engines.stopping import StopState
 from rollout.errors import ConfigError, EngineError, RowError
 
@@ -319,6 +319,7 @@ class RankRequest:
     params: dict[str, Any]
     seq_seed: int
     max_tokens: int
+    golden: list[int] | None = None  # teacher forcing: DeepInfer's golden_token_ids
 
 
 @dataclass
@@ -401,6 +402,9 @@ class DeepInferRank:
             }
             if p.get("so_args") is not None:
                 kw["so_args"] = p["so_args"]
+            if r.golden is not None:  # the outputs are these tokens, with their logprobs
+                kw["golden_token_ids"] = r.golden
+                kw["ignore_eos"] = True
             params.append(DISamplingParams(**kw))
         outputs = self._llm.generate(
             prompt_token_ids=[r.prompt_token_ids for r in requests],
@@ -432,6 +436,9 @@ def prepare(request: GenerationRequest, index: int, max_model_len: int) -> RankR
     """Validate one request and turn it into a rank request (ids truncated, room capped)."""
     params = request.params
     prompt = prepare_prompt(request, max_model_len)
+    if request.forced_output is not None:
+        golden = check_forced(request, prompt, max_model_len, vocab=2**31 - 1)
+        return RankRequest(index, prompt, params.model_dump(), request.seq_seed, len(golden), golden)  # fmt: skip
     max_new = min(params.max_tokens, max_model_len - len(prompt))
     return RankRequest(index, prompt, params.model_dump(), request.seq_seed, max_new)
 
@@ -450,6 +457,13 @@ def finish(
         # rejected prompt's one output is its last prompt token, not generated text)
         detail = FINISH_ERRORS.get(out.finish_reason, "the engine ended it with an unknown reason")
         raise RowError(request.request_id, out.finish_reason, detail)
+    if prepared.golden is not None:  # teacher forced: the given tokens, no stop rules
+        return GenerationResult(
+            request_id=request.request_id, prompt_token_ids=prepared.prompt_token_ids,
+            output_token_ids=list(out.token_ids), output_text=decode(out.token_ids),
+            finish_reason="length", output_logprobs=out.logprobs if params.logprobs else None,
+            top_logprobs=out.top if out.top is not None and params.top_logprobs else None,
+        )  # fmt: skip
     stop = StopState(params, eos, prepared.max_tokens, decode)
     for token in out.token_ids:
         if stop.append(token):

@@ -191,6 +191,11 @@ class DeepInferReplica(HFTokenizerEngine):
         self._require_started()
         return list(self._tokenizer.encode(text))
 
+    def encode_continuation(self, text: str) -> list[int]:
+        """A completion after the prompt: no BOS in front of it."""
+        self._require_started()
+        return list(self._tokenizer.encode(text, add_special_tokens=False))
+
     # -- generation -----------------------------------------------------------------------------
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         import ray

@@ -32,7 +32,9 @@ from rollout.engines.base import (
     GenerationBatch,
     GenerationRequest,
     GenerationResult,
+    check_forced,
     prepare_prompt,
+    with_forced,
 )
 from rollout.engines.stopping import StopState
 from rollout.errors import EngineError, config_error_from_validation
@@ -163,9 +165,30 @@ class SyntheticEngine(Engine):
         return (1 + np.floor(np.log(u) / np.log1p(-1.0 / o.mean_output_len))).astype(np.int64)
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
-        return self.generate_batch(requests).results()
+        return with_forced(
+            requests, lambda rs: self._generate_batch(rs).results(), self._teacher_force
+        )
 
     def generate_batch(self, requests: Sequence[GenerationRequest]) -> GenerationBatch:
+        if any(r.forced_output is not None for r in requests):
+            return GenerationBatch.from_results(self.generate(requests))
+        return self._generate_batch(requests)
+
+    def _teacher_force(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        """The given completion; the logprob of token t is a function of the prompt, t and the token."""
+        out = []
+        for r in requests:
+            prompt = prepare_prompt(r, self.options.max_model_len)
+            forced = check_forced(r, prompt, self.options.max_model_len, self.options.vocab_size)
+            key = np.uint64(_prompt_key(prompt))
+            h = _splitmix(key ^ _splitmix(np.arange(len(forced), dtype=np.uint64))
+                          ^ np.array(forced, dtype=np.uint64))  # fmt: skip
+            lps = (-((h >> np.uint64(20)) % np.uint64(1000)).astype(np.float32) / np.float32(100)).tolist()  # fmt: skip
+            out.append(GenerationResult(r.request_id, prompt, forced, self.decode(forced), "length",
+                                        lps if r.params.logprobs else None))  # fmt: skip
+        return out
+
+    def _generate_batch(self, requests: Sequence[GenerationRequest]) -> GenerationBatch:
         """Every sequence at once, as arrays: token t of row i is splitmix(key_i ^ splitmix(t)),
         cut where the row ends; only rows with stop strings or stop token ids go token by token."""
         if not self._started:

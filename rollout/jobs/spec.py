@@ -130,11 +130,56 @@ class PoolSpec(_Strict):
         return max(3, 2 * self.actors)
 
 
+SCORE_NAME = r"^[a-z][a-z0-9_]{0,47}$"
+
+
+class ScorerEntry(BaseModel):
+    """One entry of `scoring:`: a scorer and its options (the entry's other fields), writing
+    the column score_<name> (and score_<name>_detail where the scorer says more)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    name: str = Field(pattern=SCORE_NAME, description="The score's name: its column is score_<name>.")  # fmt: skip
+    scorer: str = Field(description="A built-in scorer (exact_match, regex_match, math_equal, multiple_choice, json_schema, length, format, code_tests) or a user scorer as module:function.")  # fmt: skip
+    advantages: bool = Field(False, description="Add the group columns over an example's n samples: score_<name>_group_mean, score_<name>_group_std and score_<name>_advantage ((score - mean) / (std + eps), as GRPO).")  # fmt: skip
+    eps: float = Field(1e-4, gt=0, description="The eps of the advantage's denominator.")
+    pass_at_k: list[int] = Field(default_factory=list, description="k values reported in scores.json as pass@k (a sample passes when its score >= pass_threshold); each at most n.")  # fmt: skip
+    pass_threshold: float = Field(1.0, description="The score at or above which a sample passes, for pass@k.")  # fmt: skip
+    columns: list[str] = Field(default_factory=list, description="Input columns a user scorer reads (built-in scorers name their own).")  # fmt: skip
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+    @model_validator(mode="after")
+    def _known(self) -> ScorerEntry:
+        from rollout.scoring.registry import build, is_import_path
+
+        if not is_import_path(self.scorer):  # user scorers are checked where they may be imported
+            build(self.name, self.scorer, self.options).close()
+        return self
+
+
+class TeacherForcingSpec(_Strict):
+    """Score given completions instead of generating: the engine records the logprob of
+    each completion token (the job's sampling temperature applies; logprobs are on)."""
+
+    completion_column: str | None = Field(None, description="A text column holding the completion, tokenized by the engine.")  # fmt: skip
+    completion_ids_column: str | None = Field(None, description="A column of completion token ids, used as given (a previous run's output_token_ids).")  # fmt: skip
+    prompt_ids_column: str | None = Field(None, description="A column of prompt token ids, used as given instead of rendering `prompt` (a previous run's prompt_token_ids).")  # fmt: skip
+
+    @model_validator(mode="after")
+    def _one(self) -> TeacherForcingSpec:
+        if (self.completion_column is None) == (self.completion_ids_column is None):
+            raise ValueError("exactly one of completion_column, completion_ids_column must be set")
+        return self
+
+
 class JobSpec(_Strict):
     """A rollout job."""
 
     input: InputSpec
-    prompt: PromptSpec
+    prompt: PromptSpec | None = Field(None, description="How a row becomes its prompt; required unless teacher_forcing.prompt_ids_column gives prompt token ids.")  # fmt: skip
     sampling: SamplingParams = Field(
         default_factory=SamplingParams, description="How each sample is drawn."
     )
@@ -156,6 +201,37 @@ class JobSpec(_Strict):
         64, ge=1, le=10_000_000, description="Input rows per shard (one Parquet file each)."
     )
     output: str = Field("runs/out", description="The run's output directory.")
+    scoring: list[ScorerEntry] = Field(default_factory=list, description="Scores computed for every output row after generation, on the engine actors (docs/scoring.md).")  # fmt: skip
+    teacher_forcing: TeacherForcingSpec | None = Field(None, description="Record the logprobs of given completions instead of generating (docs/scoring.md).")  # fmt: skip
+
+    @model_validator(mode="before")
+    @classmethod
+    def _forcing_records_logprobs(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("teacher_forcing"):
+            sampling = data.get("sampling")
+            if sampling is None or (isinstance(sampling, dict) and "logprobs" not in sampling):
+                data = {**data, "sampling": {**(sampling or {}), "logprobs": True}}
+        return data
+
+    @model_validator(mode="after")
+    def _scoring_and_forcing(self) -> JobSpec:
+        names = [e.name for e in self.scoring]
+        dup = next((n for n in names if names.count(n) > 1), None)
+        if dup:
+            raise ValueError(f"scoring: the name {dup!r} is used twice; each score needs its own column")  # fmt: skip
+        for e in self.scoring:
+            big = [k for k in e.pass_at_k if not 1 <= k <= self.n]
+            if big:
+                raise ValueError(f"scoring.{e.name}.pass_at_k: k must be in [1, n = {self.n}], got {big[0]}")  # fmt: skip
+        tf = self.teacher_forcing
+        if tf is not None:
+            if self.n != 1:
+                raise ValueError(f"teacher_forcing scores one given completion per row: n must be 1, got {self.n}")  # fmt: skip
+            if not self.sampling.logprobs:
+                raise ValueError("teacher_forcing records logprobs: sampling.logprobs cannot be false")  # fmt: skip
+        if self.prompt is None and (tf is None or tf.prompt_ids_column is None):
+            raise ValueError("prompt is required (only teacher_forcing.prompt_ids_column can stand in for it)")  # fmt: skip
+        return self
 
     @field_validator("job_seed", mode="before")
     @classmethod
@@ -197,14 +273,29 @@ class JobSpec(_Strict):
             # The fingerprint names the format as resolved, so "auto" and an explicit
             # format that reads the same bytes give the same hash.
             "input": {"split": self.input.split, "fingerprint": input_fingerprint},
-            "prompt": self.prompt.model_dump(),
+            "prompt": None if self.prompt is None else self.prompt.model_dump(),
             "sampling": self.sampling.config_view(),
             "n": self.n,
             "job_seed": self.job_seed,
             "id_column": self.id_column,
             "carry_columns": list(self.carry_columns),
             "engine": engine_fingerprint,
-        }
+        } | self.scoring_view()
+
+    def scoring_view(self) -> dict[str, Any]:
+        """The scoring and teacher forcing settings with each scorer's version (only when set,
+        so that the config_hash of a job without them is as before)."""
+        from rollout.scoring.registry import scorer_class
+
+        view: dict[str, Any] = {}
+        if self.scoring:
+            view["scoring"] = [
+                e.model_dump() | {"version": scorer_class(e.scorer, f"scoring.{e.name}.scorer").version}
+                for e in self.scoring
+            ]  # fmt: skip
+        if self.teacher_forcing is not None:
+            view["teacher_forcing"] = self.teacher_forcing.model_dump()
+        return view
 
 
 def parse_job_spec(data: Any, source: str = "job spec") -> JobSpec:

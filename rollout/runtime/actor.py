@@ -68,6 +68,9 @@ class EngineWorker:
             )
         self.source._counts = list(row_counts)
         self.shard_dir = Path(shard_dir)
+        from rollout.runtime.stages.score import build_scorers
+
+        self.scorers = build_scorers(self.spec)  # once per actor: a bad option fails at start
         self.engine = create_engine(self.spec.engine.name, **self.spec.engine.options)
         self.engine.start()
         # What start-up made (modules, the engine, Ray's state) lives as long as the actor:
@@ -83,6 +86,8 @@ class EngineWorker:
         return os.getpid()
 
     def close(self) -> None:
+        for scorer in self.scorers:
+            scorer.close()
         self.engine.close()
 
     def run(self, task: Any) -> Any:
@@ -90,7 +95,9 @@ class EngineWorker:
         from rollout.runtime.shard import run_shard
 
         try:
-            return run_shard(self.spec, self.source, self.engine, task, self.shard_dir, self.roots)
+            return run_shard(
+                self.spec, self.source, self.engine, task, self.shard_dir, self.roots, self.scorers
+            )
         except EngineLost as exc:  # this actor can no longer serve: let the pool replace it
             print(f"[rollout] {exc}; this engine actor exits", file=sys.stderr, flush=True)
             os._exit(1)

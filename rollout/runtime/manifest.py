@@ -61,6 +61,8 @@ class Manifest:
     version: str = VERSION
     # the determinism contract the run's hashes follow; manifests from before v2 lack it
     determinism: str = "v1"
+    # digest of the rows' score columns (DETERMINISM.md v2, scores); None: the job scores nothing
+    score_digest: str | None = None
 
     @classmethod
     def load(cls, out_dir: Path) -> Manifest | None:

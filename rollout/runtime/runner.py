@@ -40,6 +40,7 @@ from rollout.runtime import cluster
 from rollout.runtime.manifest import JOB, STATS, Manifest, ShardEntry, write_json_atomic
 from rollout.runtime.recorder import record_batches, writing
 from rollout.runtime.shard import ShardResult, ShardTask
+from rollout.scoring.summary import SCORES, run_scores
 
 DATA = "data"
 STAGING = ".incomplete"
@@ -66,6 +67,7 @@ class RunSummary:
     actor_cpu_s: float = 0.0  # CPU time the actors spent on this run's shards, all together
     dispatch_latency_p50_ms: float = 0.0  # a finished shard seen -> its actor's next shard sent
     dispatch_latency_p99_ms: float = 0.0
+    score_digest: str | None = None  # the job's scores (DETERMINISM.md v2); None: no scoring
 
 
 class Progress(Protocol):
@@ -386,6 +388,10 @@ class JobRunner:
             stray.unlink()
         staging.rename(self.io / DATA)
         fsync_dir(self.io)
+        if self.spec.scoring:
+            files = [self.io / DATA / e.file for e in manifest.shards]
+            manifest.score_digest, scores = run_scores(self.spec, files)
+            write_json_atomic(self.io / SCORES, scores)
         manifest.run_digest = hashes_digest
         manifest.status = "complete"
         manifest.save(self.io)
@@ -409,6 +415,7 @@ class JobRunner:
             actor_cpu_s=self._actor_cpu,
             dispatch_latency_p50_ms=pool.dispatch_latency_ms(0.5),
             dispatch_latency_p99_ms=pool.dispatch_latency_ms(0.99),
+            score_digest=manifest.score_digest,
         )
         write_json_atomic(self.io / STATS, asdict(summary))
         return summary

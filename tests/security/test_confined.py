@@ -116,7 +116,9 @@ def test_a_pinned_output_folder_keeps_writing_where_it_was_checked(tree):
     assert (root / "run-moved" / ".incomplete" / "part-000000.parquet").read_bytes() == b"shard"
     assert list(outside.iterdir()) == [outside / "b.parquet"]
     # and a new open through the swapped name is refused, not followed
-    with pytest.raises(AccessError, match="outside the data roots"):
-        with confined_dir("output", str(root / "run" / ".incomplete"), [str(root)]):
-            pass
+    with (
+        pytest.raises(AccessError, match="outside the data roots"),
+        confined_dir("output", str(root / "run" / ".incomplete"), [str(root)]),
+    ):
+        pass
     assert os.listdir(outside) == ["b.parquet"]

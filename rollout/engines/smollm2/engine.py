@@ -26,7 +26,9 @@ from rollout.engines.base import (
     GenerationRequest,
     GenerationResult,
     HFTokenizerEngine,
+    check_forced,
     prepare_prompt,
+    with_forced,
 )
 from rollout.engines.smollm2 import kernels
 from rollout.engines.smollm2.llama import KVCache, LlamaConfig, LlamaCPU
@@ -256,6 +258,49 @@ class SmolLM2Engine(HFTokenizerEngine):
         return seq
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        return with_forced(requests, self._generate, self._teacher_force)
+
+    def _teacher_force(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        """One prefill over prompt + completion per sequence (packed up to the token budget);
+        each completion token's logprob from the logits before it, as a draw would record it."""
+        model = self._require_started()
+        limit, vocab = self.options.max_model_len, model.cfg.vocab_size
+        todo = []
+        for r in requests:
+            prompt = prepare_prompt(r, limit)
+            todo.append((r, prompt, check_forced(r, prompt, limit, vocab)))
+        results: list[GenerationResult] = []
+        start = 0
+        while start < len(todo):
+            end, tokens = start + 1, len(todo[start][1]) + len(todo[start][2])
+            while end < len(todo) and tokens + len(todo[end][1]) + len(todo[end][2]) <= self.options.max_num_batched_tokens:  # fmt: skip
+                tokens += len(todo[end][1]) + len(todo[end][2])
+                end += 1
+            batch = todo[start:end]
+            seqs = [prompt + forced for _, prompt, forced in batch]
+            states = model.prefill_states(seqs, [model.new_cache(len(q)) for q in seqs])
+            row = 0
+            for (request, prompt, forced), seq in zip(batch, seqs, strict=True):
+                first = row + len(prompt) - 1  # the state that predicts the first forced token
+                logits = model.logits(states[first : first + len(forced)]).cpu().numpy()
+                params = request.params
+                lps: list[float] = []
+                top: list[list[tuple[int, float]]] = []
+                for t, token in enumerate(forced):
+                    picked = sample_row(logits[t], params, request.seq_seed, t, forced=token)
+                    lps.append(picked.logprob)  # type: ignore[arg-type]
+                    top.append(picked.top or [])
+                results.append(GenerationResult(
+                    request_id=request.request_id, prompt_token_ids=prompt,
+                    output_token_ids=forced, output_text=self.decode(forced),
+                    finish_reason="length", output_logprobs=lps if params.logprobs else None,
+                    top_logprobs=top if params.top_logprobs else None,
+                ))  # fmt: skip
+                row += len(seq)
+            start = end
+        return results
+
+    def _generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         model = self._require_started()
         seqs = [self._prepare(i, r) for i, r in enumerate(requests)]
         results: list[GenerationResult | None] = [None] * len(seqs)

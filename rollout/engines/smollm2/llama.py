@@ -216,6 +216,16 @@ class LlamaCPU:
     @torch.inference_mode()
     def prefill(self, prompts: Sequence[Sequence[int]], caches: Sequence[KVCache]) -> torch.Tensor:
         """Run whole prompts (packed, no padding), fill their caches; logits of each last token."""
+        x = self.prefill_states(prompts, caches)
+        last = torch.tensor(np.cumsum([len(p) for p in prompts]) - 1, dtype=torch.long)
+        return self._logits(x[last.to(x.device)].contiguous())
+
+    @torch.inference_mode()
+    def prefill_states(
+        self, prompts: Sequence[Sequence[int]], caches: Sequence[KVCache]
+    ) -> torch.Tensor:
+        """Run whole sequences (packed, no padding), fill their caches; the hidden state of
+        every token, rows in order (what `logits` turns into next-token logits)."""
         lengths = [len(p) for p in prompts]
         for cache, n in zip(caches, lengths, strict=True):
             cache.reserve(n)
@@ -224,8 +234,12 @@ class LlamaCPU:
         x = self._forward(tokens, _Rows.of(caches, positions, lengths))
         for cache, n in zip(caches, lengths, strict=True):
             cache.length = n
-        last = torch.tensor(np.cumsum(lengths) - 1, dtype=torch.long)
-        return self._logits(x[last.to(x.device)].contiguous())
+        return x
+
+    @torch.inference_mode()
+    def logits(self, states: torch.Tensor) -> torch.Tensor:
+        """Next-token logits of hidden states from `prefill_states` (each row on its own)."""
+        return self._logits(states.contiguous())
 
     @torch.inference_mode()
     def decode(self, tokens: Sequence[int], caches: Sequence[KVCache]) -> torch.Tensor:

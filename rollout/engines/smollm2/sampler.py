@@ -78,11 +78,17 @@ class _Scaled:
         )
 
 
-def sample_row(logits: np.ndarray, params: SamplingParams, seed: int, position: int) -> Sampled:
-    """Pick the next token of one sequence from its float32 logits."""
+def sample_row(
+    logits: np.ndarray, params: SamplingParams, seed: int, position: int,
+    forced: int | None = None,
+) -> Sampled:  # fmt: skip
+    """Pick the next token of one sequence from its float32 logits; with `forced` (teacher
+    forcing), that token, with the logprobs a draw of it would have recorded."""
     x = logits if params.greedy else logits / np.float32(params.temperature)
     scaled = _Scaled(x) if not params.greedy or params.logprobs or params.top_logprobs else None
-    if scaled is None or params.greedy:
+    if forced is not None:
+        token = forced
+    elif scaled is None or params.greedy:
         token = int(np.argmax(x))  # the first (lowest id) of equal maxima
     else:
         token = _draw(scaled, params, uniform(seed, position))
