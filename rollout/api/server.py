@@ -88,9 +88,11 @@ class Server:
         tls: tuple[bytes, bytes] | None = None,
         max_streams: int = 32,
         max_streams_per_client: int = 16,
+        allowed_scorers: tuple[str, ...] = (),
     ) -> None:
         self.store = JobStore(state_dir / "jobs.sqlite")
-        self.manager = JobManager(self.store, data_roots, max_concurrent_jobs, ray_address)
+        self.manager = JobManager(self.store, data_roots, max_concurrent_jobs, ray_address,
+                                  allowed_scorers)  # fmt: skip
         self.streams = StreamBudget(max_streams, max_streams_per_client)
         self.grpc = grpc.server(
             # every stream slot plus a reserve that streams never take (rollout/api/streams.py)

@@ -7,6 +7,7 @@ import threading
 from rollout.audit.compare import ProgressFn, compare_streams
 from rollout.audit.report import AuditReport, RunInfo
 from rollout.audit.runs import RunDir
+from rollout.audit.scores import compare_scores
 from rollout.errors import RolloutError
 from rollout.jobs.config_diff import config_diff
 
@@ -21,6 +22,7 @@ def run_info(run: RunDir) -> RunInfo:
         rows=m.rows or 0,
         engine=str(m.engine.get("engine", "")),
         determinism=m.determinism,
+        score_digest=m.score_digest or "",
     )
 
 
@@ -37,6 +39,7 @@ def audit_runs(
     report.config_equal = a.config_hash == b.config_hash
     report.config_diff = config_diff(a.manifest.config, b.manifest.config)
     total = max(report.a.rows, report.b.rows)
+    compare_scores(report, a, b, max_examples)
     compare_streams(report, a.rows(), b.rows(), max_examples, progress, total, cancel)
     if decode:
         attach_text(report, a.manifest.engine)

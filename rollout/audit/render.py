@@ -54,6 +54,7 @@ def render_text(r: AuditReport, limit: int = 20) -> str:
         ["config_hash", _short(r.a.config_hash), _short(r.b.config_hash)],
         ["run_digest", _short(r.a.run_digest), _short(r.b.run_digest)],
         ["determinism", r.a.determinism or "-", r.b.determinism or "-"],
+        ["score_digest", _short(r.a.score_digest) or "-", _short(r.b.score_digest) or "-"],
         ["rows", str(r.a.rows), str(r.b.rows)],
         ["missing here", str(r.missing_in_a), str(r.missing_in_b)],
         ["hash mismatches", str(r.inconsistent_a), str(r.inconsistent_b)],
@@ -80,6 +81,12 @@ def render_text(r: AuditReport, limit: int = 20) -> str:
                  _lp(d.logprob_a), _lp(d.logprob_b), "differs" if d.prompt_differs else "same",
                  f"{d.finish_a}/{d.finish_b}"] for d in shown]  # fmt: skip
         lines.append(table([head, *body]))
+    if r.score_divergences:
+        shown_s = r.score_divergences[:limit]
+        lines.append(f"rows with other scores (first {len(shown_s)} of {r.score_differing}):")
+        lines.append(table([["row", "sample", "example_id", "column", "A", "B"],
+                            *[[str(d.row_index), str(d.sample_index), d.example_id[:24], d.column,
+                               d.a[:40], d.b[:40]] for d in shown_s]]))  # fmt: skip
     for title, listed in (
         ("missing rows", r.missing),
         ("rows failing their hashes", r.inconsistent),

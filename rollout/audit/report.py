@@ -21,6 +21,7 @@ class RunInfo:
     rows: int
     engine: str
     determinism: str = ""  # the run's contract version (v1, v2); "" for regenerated rows
+    score_digest: str = ""  # the digest of the run's score columns; "" when it has none
 
 
 @dataclass
@@ -58,6 +59,18 @@ class MissingRow:
 
 
 @dataclass
+class ScoreDivergence:
+    """A row whose score columns differ: the first such column, its values as JSON."""
+
+    row_index: int
+    sample_index: int
+    example_id: str
+    column: str
+    a: str
+    b: str
+
+
+@dataclass
 class PositionCount:
     position: int
     count: int
@@ -89,6 +102,8 @@ class AuditReport:
     seconds: float = 0.0
     rows_per_s: float = 0.0
     version: str = REPORT_VERSION
+    score_differing: int = 0  # rows in both runs whose score columns differ
+    score_divergences: list[ScoreDivergence] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
@@ -106,6 +121,8 @@ class AuditReport:
             reasons.append(f"{self.differing} of {self.compared} compared rows differ")
         if self.missing_in_a or self.missing_in_b:
             reasons.append(f"rows missing: {self.missing_in_a} in A, {self.missing_in_b} in B")
+        if self.score_differing:
+            reasons.append(f"{self.score_differing} of {self.compared} compared rows have other scores")  # fmt: skip
         if self.inconsistent_a or self.inconsistent_b:
             reasons.append(
                 f"rows whose stored hashes do not match their contents: {self.inconsistent_a} "

@@ -36,6 +36,9 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--tls-cert", help="serve TLS with this PEM certificate (needs --tls-key)")
     p.add_argument("--tls-key", help="the PEM private key of --tls-cert")
+    p.add_argument("--allow-scorer", action="append", default=[], metavar="MODULE",
+                   help="let jobs use the user scorers (module:function) of MODULE and its "
+                        "submodules; repeatable. Without it, only built-in scorers run")  # fmt: skip
     p.add_argument("--max-streams", type=int, default=32,
                    help="open WatchJob/AuditRuns/VerifyRun streams at most (more: RESOURCE_EXHAUSTED)")  # fmt: skip
     p.add_argument("--max-streams-per-client", type=int, default=16,
@@ -81,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
         tls,
         args.max_streams,
         args.max_streams_per_client,
+        tuple(args.allow_scorer),
     )
     orphans = server.manager.orphaned_runs()
     if orphans:

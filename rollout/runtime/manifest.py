@@ -63,6 +63,8 @@ class Manifest:
     determinism: str = "v1"
     # digest of the rows' score columns (DETERMINISM.md v2, scores); None: the job scores nothing
     score_digest: str | None = None
+    # `rollout score`: the generation run this run's rows come from (path, run_digest, config_hash)
+    source_run: dict[str, Any] | None = None
 
     @classmethod
     def load(cls, out_dir: Path) -> Manifest | None:

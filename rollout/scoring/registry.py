@@ -60,8 +60,10 @@ def check_allowed(key: str, allowed: Collection[str] | None, where: str) -> None
         return
     module = key.partition(":")[0]
     if not any(module == m or module.startswith(m + ".") for m in allowed):
+        from rollout.errors import AccessError
+
         listed = ", ".join(sorted(allowed)) or "none"
-        raise ConfigError(where, key, f"this service runs only the user scorers of the modules its operator allowed (--allow-scorer: {listed})")  # fmt: skip
+        raise AccessError(where, key, f"this service runs only the user scorers of the modules its operator allowed (--allow-scorer: {listed})")  # fmt: skip
 
 
 def scorer_class(key: str, where: str) -> type[Scorer]:

@@ -28,6 +28,7 @@ from rollout.errors import (
 from rollout.jobs.spec import JobSpec, parse_job_spec
 from rollout.runtime import cluster
 from rollout.runtime.runner import JobRunner
+from rollout.scoring.registry import build, check_allowed
 from rollout.service.store import JobRecord, JobStore
 
 
@@ -105,8 +106,11 @@ class JobManager:
         data_roots: list[Path],
         max_concurrent: int = 1,
         ray_address: str | None = None,
+        allowed_scorers: tuple[str, ...] = (),
     ) -> None:
         self.store = store
+        # the modules whose user scorers (module:function) jobs may name (--allow-scorer)
+        self.allowed_scorers = tuple(allowed_scorers)
         self.roots = [r.resolve() for r in data_roots]
         self.max_concurrent = max_concurrent
         self.ray_address = ray_address
@@ -138,6 +142,9 @@ class JobManager:
     def validate(self, spec: dict[str, Any]) -> JobSpec:
         """The spec, its paths under the data roots, and its input's files and columns."""
         job = parse_job_spec(spec)
+        for entry in job.scoring:  # before anything imports a user scorer's module
+            check_allowed(entry.scorer, self.allowed_scorers, f"scoring.{entry.name}.scorer")
+            build(entry.name, entry.scorer, entry.options).close()  # options checked
         engine_class(job.engine.name)(**job.engine.options)  # options checked; nothing started
         job = check_job_paths(job, self.roots)
         import ray
