@@ -2,7 +2,7 @@
 finished run, without generating anything.
 
 The scoring of the new run is the generation run's, with S's entries replacing those of
-the same name and added after them; only S's entries are computed (the others are
+the same name where they stand and the others added after them; only S's entries are computed (the others are
 copied). Scorers read the input columns the run carried (`input_<name>`), or, for a column
 it did not carry, the job's input itself, once its content is checked against the
 fingerprint the run recorded. DIR is a run directory like any other (manifest, job.json,
@@ -62,7 +62,10 @@ def rescore(run_path: str, scoring: list[dict[str, Any]], output: str,
         raise ConfigError("--output", str(out), "is not empty; choose a new folder")
     old = run.job_spec()
     names = [e.get("name") for e in scoring]
-    merged = [e for e in old.get("scoring", []) if e.get("name") not in names] + scoring
+    given = {e.get("name"): e for e in scoring}
+    before = old.get("scoring", [])
+    merged = [given.get(e.get("name"), e) for e in before]  # replaced where they stand
+    merged += [e for e in scoring if e.get("name") not in {b.get("name") for b in before}]
     spec = parse_job_spec(old | {"scoring": merged, "output": str(out)}, source="--scoring")
     fresh = JobSpec.model_validate(old | {"scoring": scoring, "output": str(out)})
     scorers = build_scorers(fresh)

@@ -45,7 +45,14 @@ def test_regex_match_extracts_the_last_match_and_says_what_it_found():
 
 
 def test_multiple_choice_finds_the_letter_as_harnesses_do():
-    outs = ["The answer is (C).", "Answer: b", "(D) because", "A. It is", "I cannot tell", "answer is E"]
+    outs = [
+        "The answer is (C).",
+        "Answer: b",
+        "(D) because",
+        "A. It is",
+        "I cannot tell",
+        "answer is E",
+    ]
     got = values("mc", "multiple_choice", {"reference": "gold"},
                  rows(*outs, gold=["C", "B", 2, "A", "A", "A"]))  # fmt: skip
     assert got == [(1.0, "C"), (1.0, "B"), (0.0, "D"), (1.0, "A"), (0.0, "no choice found"), (0.0, "no choice found")]  # fmt: skip
@@ -79,7 +86,9 @@ def test_json_schema_parses_validates_and_says_where():
 
 
 def test_unknown_scorers_and_options_name_the_field():
-    with pytest.raises(ConfigError, match=r"scoring\.x\.scorer.*unknown scorer 'nope'.*exact_match"):
+    with pytest.raises(
+        ConfigError, match=r"scoring\.x\.scorer.*unknown scorer 'nope'.*exact_match"
+    ):
         build("x", "nope", {})
     with pytest.raises(ConfigError, match=r"scoring\.x\.refrence.*Extra inputs are not permitted"):
         build("x", "exact_match", {"reference": "a", "refrence": "a"})
