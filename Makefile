@@ -17,7 +17,8 @@ DI_TESTS := tests/test_determinism.py tests/engines/smollm2/test_kernels.py \
 	tests/engines/smollm2/test_engine.py tests/engines/smollm2/test_sampler.py \
 	tests/engines/test_deepinfer_contract.py tests/engines/test_stopping.py \
 	tests/engines/test_synthetic.py tests/engines/test_registry.py tests/data tests/jobs \
-	tests/cli/test_generate.py
+	tests/cli/test_generate.py tests/scoring/test_rules.py tests/scoring/test_groups.py \
+	tests/scoring/test_math.py
 
 .PHONY: install demo test test-deepinfer-pins lint fmt bench-engine bench-scale schema clean
 
