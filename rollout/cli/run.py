@@ -27,6 +27,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--ray-address", help="join this Ray cluster ('auto' for the local one); default: start one"
     )
+    p.add_argument("--cache", help="a generation cache directory (config: cache): rows it holds are not generated again")  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
     p.set_defaults(run=run)
@@ -35,7 +36,8 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from rollout.runtime.runner import JobRunner
 
-    overrides = {"output": args.output, "pool.actors": args.actors, "shard_size": args.shard_size}
+    overrides = {"output": args.output, "pool.actors": args.actors, "shard_size": args.shard_size,
+                 "cache": args.cache}  # fmt: skip
     spec = load_job_spec(args.config, overrides)
     bar = _ProgressBar(enabled=not args.quiet)
     runner = JobRunner(spec, ray_address=args.ray_address, progress=bar)
@@ -58,7 +60,13 @@ def run(args: argparse.Namespace) -> int:
             f"done: {summary.rows} rows ({summary.input_rows} prompts x n, {summary.skipped_rows} skipped), "
             f"{summary.output_tokens} output tokens in {summary.seconds:.1f} s "
             f"({summary.output_tokens_per_s:.1f} tok/s), {summary.shards} shards "
-            f"({summary.shards_resumed} resumed)\n"
+            f"({summary.shards_resumed} resumed)"
+            + (
+                f", {summary.rows_cached} rows from the cache, {summary.rows_generated} generated"
+                if spec.cache
+                else ""
+            )
+            + "\n"
             f"output:     {summary.output}/data\n"
             f"run_digest: {summary.run_digest}\n"
             f"config:     {summary.config_hash}"

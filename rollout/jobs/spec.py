@@ -201,6 +201,7 @@ class JobSpec(_Strict):
         64, ge=1, le=10_000_000, description="Input rows per shard (one Parquet file each)."
     )
     output: str = Field("runs/out", description="The run's output directory.")
+    cache: str | None = Field(None, description="A generation cache directory (docs/cache.md): rows it holds are not generated again, rows generated are added. Not part of config_hash.")  # fmt: skip
     scoring: list[ScorerEntry] = Field(default_factory=list, description="Scores computed for every output row after generation, on the engine actors (docs/scoring.md).")  # fmt: skip
     teacher_forcing: TeacherForcingSpec | None = Field(None, description="Record the logprobs of given completions instead of generating (docs/scoring.md).")  # fmt: skip
 

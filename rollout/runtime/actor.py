@@ -73,6 +73,16 @@ class EngineWorker:
         self.scorers = build_scorers(self.spec)  # once per actor: a bad option fails at start
         self.engine = create_engine(self.spec.engine.name, **self.spec.engine.options)
         self.engine.start()
+        self.cache, self.cache_engine_key = None, ""
+        if self.spec.cache:
+            from rollout.cache.store import GenerationCache, check_cacheable, engine_key
+
+            fingerprint = self.engine.fingerprint()
+            check_cacheable(fingerprint)
+            self.cache, self.cache_engine_key = (
+                GenerationCache(self.spec.cache),
+                engine_key(fingerprint),
+            )
         # What start-up made (modules, the engine, Ray's state) lives as long as the actor:
         # moved out of the collector's reach, each shard's collections scan only its own
         # objects (5-20% less actor CPU for the synthetic pipeline across our runs)
@@ -86,6 +96,8 @@ class EngineWorker:
         return os.getpid()
 
     def close(self) -> None:
+        if self.cache is not None:
+            self.cache.close()
         for scorer in self.scorers:
             scorer.close()
         self.engine.close()
@@ -95,9 +107,8 @@ class EngineWorker:
         from rollout.runtime.shard import run_shard
 
         try:
-            return run_shard(
-                self.spec, self.source, self.engine, task, self.shard_dir, self.roots, self.scorers
-            )
+            return run_shard(self.spec, self.source, self.engine, task, self.shard_dir, self.roots,
+                             self.scorers, self.cache, self.cache_engine_key)  # fmt: skip
         except EngineLost as exc:  # this actor can no longer serve: let the pool replace it
             print(f"[rollout] {exc}; this engine actor exits", file=sys.stderr, flush=True)
             os._exit(1)

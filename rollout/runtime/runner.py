@@ -68,6 +68,8 @@ class RunSummary:
     dispatch_latency_p50_ms: float = 0.0  # a finished shard seen -> its actor's next shard sent
     dispatch_latency_p99_ms: float = 0.0
     score_digest: str | None = None  # the job's scores (DETERMINISM.md v2); None: no scoring
+    rows_generated: int = 0  # rows this run had the engine make (resumed shards not counted)
+    rows_cached: int = 0  # rows this run took from the generation cache
 
 
 class Progress(Protocol):
@@ -231,6 +233,11 @@ class JobRunner:
         cluster.connect(self.ray_address)
         from rollout.runtime.pool import ShardPool
 
+        if spec.cache:  # set up once here, before the actors open it together
+            from rollout.cache import GenerationCache
+
+            with writing(Path(spec.cache), "the generation cache cannot be opened"):
+                GenerationCache(spec.cache).close()
         # Re-hash a previous run's complete shards before the engines take the CPUs.
         self._checks = self._verify_existing(existing)
         pool = ShardPool.for_job(spec, str(self.out / STAGING), counts, roots=self.roots)
@@ -314,6 +321,7 @@ class JobRunner:
     ) -> tuple[Manifest, int]:
         self._prompt_tokens = self._output_tokens = 0
         self._actor_cpu = 0.0
+        self._rows_cached = self._rows_generated = 0
         staging = self.io / STAGING
         if existing is None:
             manifest = Manifest(chash, config, config["engine"], total, self.spec.shard_size,
@@ -371,6 +379,8 @@ class JobRunner:
         self._prompt_tokens += result.prompt_tokens
         self._output_tokens += result.output_tokens
         self._actor_cpu += result.cpu_seconds
+        self._rows_cached += result.rows_cached
+        self._rows_generated += result.rows - result.rows_cached
 
     def _finish(self, manifest: Manifest, resumed: int, started: float, pool: Any) -> RunSummary:
         staging = self.io / STAGING
@@ -416,6 +426,8 @@ class JobRunner:
             dispatch_latency_p50_ms=pool.dispatch_latency_ms(0.5),
             dispatch_latency_p99_ms=pool.dispatch_latency_ms(0.99),
             score_digest=manifest.score_digest,
+            rows_generated=self._rows_generated,
+            rows_cached=self._rows_cached,
         )
         write_json_atomic(self.io / STATS, asdict(summary))
         return summary

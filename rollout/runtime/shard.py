@@ -21,9 +21,11 @@ __all__ = ["ShardResult", "ShardTask", "example_id_of", "run_shard"]
 
 def run_shard(
     spec: JobSpec, source: Source, engine: Engine, task: ShardTask, out_dir: Path,
-    roots: tuple[str, ...] = (), scorers: list[Any] | None = None,
+    roots: tuple[str, ...] = (), scorers: list[Any] | None = None, cache: Any = None,
+    cache_engine_key: str = "",
 ) -> ShardResult:  # fmt: skip
     """Run the shard `task` of the job through every stage; what it wrote."""
-    work = run_stages(ShardWork(spec, task, source, engine, out_dir, roots, scorers))
+    work = run_stages(ShardWork(spec, task, source, engine, out_dir, roots, scorers, cache,
+                                cache_engine_key))  # fmt: skip
     assert work.result is not None
     return work.result

@@ -69,6 +69,7 @@ def check_job_paths(job: JobSpec, roots: list[Path]) -> JobSpec:
     submit and again when the job starts (a file swapped for a symlink in between is caught)."""
     inp = resolve_under_roots("input.path", job.input.path, roots)
     out = resolve_under_roots("output", job.output, roots)
+    cache = resolve_under_roots("cache", job.cache, roots) if job.cache else None
     for name in engine_class(job.engine.name).path_options():
         value = job.engine.options.get(name)
         if value:
@@ -79,7 +80,7 @@ def check_job_paths(job: JobSpec, roots: list[Path]) -> JobSpec:
         if any(parent == r for r in roots):
             break
     job = job.model_copy(
-        update={"input": job.input.model_copy(update={"path": inp}), "output": out}
+        update={"input": job.input.model_copy(update={"path": inp}), "output": out, "cache": cache}
     )
     source = Source(job.input.path, job.input.format, job.input.split)
     # what a folder or a glob yields: each file, symlinks resolved

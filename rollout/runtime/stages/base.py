@@ -45,6 +45,7 @@ class ShardResult:
     cpu_seconds: float = 0.0  # CPU time of the process that made it (all its threads)
     pid: int = 0  # the process that made it
     file_sha256: str = ""
+    rows_cached: int = 0  # rows served from the generation cache instead of the engine
 
 
 @dataclass
@@ -70,6 +71,9 @@ class ShardWork:
     out_dir: Path
     roots: tuple[str, ...] = ()
     scorers: list[Any] | None = None  # built once per actor; None: built by the score stage
+    cache: Any = None  # the generation cache (rollout.cache.GenerationCache), if the job has one
+    cache_engine_key: str = ""  # rollout.cache.store.engine_key of the engine's fingerprint
+    rows_cached: int = 0
     # read
     table: pa.Table | None = None
     rows: list[dict[str, Any]] | None = None

@@ -1,7 +1,9 @@
-"""generate: the engine's outputs for every request of the shard, in one call."""
+"""generate: the engine's outputs for every request of the shard, in one call; with a
+generation cache, only for the requests it does not hold (rollout/cache/)."""
 
 from __future__ import annotations
 
+from rollout.engines.base import GenerationBatch
 from rollout.runtime.stages.base import ShardWork, Stage
 
 
@@ -11,4 +13,20 @@ class Generate(Stage):
 
     def run(self, work: ShardWork) -> None:
         assert work.samples is not None
-        work.generated = work.engine.generate_batch([s.request for s in work.samples])
+        requests = [s.request for s in work.samples]
+        cache = work.cache
+        if cache is None:
+            work.generated = work.engine.generate_batch(requests)
+            return
+        from rollout.cache import row_key
+
+        keys = [row_key(work.cache_engine_key, r, work.task.determinism) for r in requests]
+        results = cache.get(keys, [r.request_id for r in requests])
+        missing = [i for i in range(len(requests)) if i not in results]
+        if missing:
+            fresh = work.engine.generate_batch([requests[i] for i in missing]).results()
+            for i, result in zip(missing, fresh, strict=True):
+                results[i] = result
+            cache.put([keys[i] for i in missing], fresh)
+        work.rows_cached = len(requests) - len(missing)
+        work.generated = GenerationBatch.from_results([results[i] for i in range(len(requests))])

@@ -73,4 +73,5 @@ class Write(Stage):
             cpu_seconds=time.process_time() - work.cpu_started,
             pid=os.getpid(),
             file_sha256=sha,
+            rows_cached=work.rows_cached,
         )
