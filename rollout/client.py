@@ -9,6 +9,7 @@ with RolloutClient("127.0.0.1:50051") as client:
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -92,6 +93,25 @@ class RolloutClient:
             pb.WatchJobRequest(job_id=job_id), metadata=self._metadata
         ):
             yield event.job
+
+    # -- sweeps -------------------------------------------------------------------------------
+    def submit_sweep(self, spec: dict[str, Any], output: str, request_id: str | None = None) -> Any:
+        """Submit a sweep (its base job spec inline); the Sweep message."""
+        req = pb.SubmitSweepRequest(spec_json=json.dumps(spec, ensure_ascii=False), output=output,
+                                    request_id=request_id or "")  # fmt: skip
+        return self._stub.SubmitSweep(req, **self._kw())
+
+    def get_sweep(self, sweep_id: str) -> Any:
+        return self._stub.GetSweep(pb.SweepRequest(sweep_id=sweep_id), **self._kw())
+
+    def cancel_sweep(self, sweep_id: str) -> Any:
+        return self._stub.CancelSweep(pb.SweepRequest(sweep_id=sweep_id), **self._kw())
+
+    def watch_sweep(self, sweep_id: str) -> Iterator[Any]:
+        """The sweep now, then each change, until every cell has ended."""
+        yield from self._stub.WatchSweep(
+            pb.SweepRequest(sweep_id=sweep_id), metadata=self._metadata
+        )
 
     def manifest(self, job_id: str) -> dict[str, Any]:
         resp = self._stub.GetRunManifest(pb.GetRunManifestRequest(job_id=job_id), **self._kw())

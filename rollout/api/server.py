@@ -20,6 +20,9 @@ SERVICE_NAME = "rollout.v1.RolloutService"
 _OPEN_METHODS = ("/grpc.health.v1.Health/",)  # probes carry no token
 
 
+_STREAMS = frozenset({"WatchJob", "WatchSweep", "AuditRuns", "VerifyRun"})  # server-streaming
+
+
 class TokenAuth(grpc.ServerInterceptor):
     """Every call (but health checks) must carry `authorization: Bearer <token>`."""
 
@@ -38,7 +41,7 @@ class TokenAuth(grpc.ServerInterceptor):
         sent = dict(details.invocation_metadata).get("authorization", "")
         if hmac.compare_digest(sent.encode(), self._expected):
             return continuation(details)
-        return self._deny_stream if details.method.endswith("/WatchJob") else self._deny
+        return self._deny_stream if details.method.rsplit("/", 1)[-1] in _STREAMS else self._deny
 
 
 def parsed_submit(servicer: RolloutServicer) -> grpc.RpcMethodHandler:

@@ -82,6 +82,12 @@ def to_proto(r: JobRecord) -> Any:
 
 
 MAX_REQUEST_ID = 256  # characters
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON can carry")
+
+
 # A ListJobs page stops before this many bytes of jobs (clients accept 4 MiB by default; a
 # job's spec may be up to 1 MiB), whatever page_size asks for.
 MAX_LIST_BYTES = 3 * 1024 * 1024
@@ -89,7 +95,10 @@ MAX_LIST_BYTES = 3 * 1024 * 1024
 
 class RolloutServicer(pb_grpc.RolloutServiceServicer):
     def __init__(self, manager: JobManager, streams: StreamBudget | None = None) -> None:
+        from rollout.service.sweeps import SweepService
+
         self.manager = manager
+        self.sweeps = SweepService(manager)
         self.streams = streams or StreamBudget(total=32, per_client=16)
 
     def _call(self, context: grpc.ServicerContext, fn, *args):
@@ -179,6 +188,52 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
             )
         data = json.loads(json.dumps(asdict(manifest)))
         return pb.RunManifest(manifest=json_format.ParseDict(data, struct_pb2.Struct()))
+
+    # -- sweeps ---------------------------------------------------------------------------------
+    def _sweep(self, sweep_id: str) -> Any:
+        record, state, jobs = self.sweeps.get(sweep_id)
+        cells = []
+        for c, job in zip(record.cells, jobs, strict=True):
+            cells.append(pb.Sweep.Cell(
+                cell_id=c["cell_id"], settings_json=json.dumps(c["settings"], ensure_ascii=False),
+                job_id=job.job_id, state=pb.JobState.Value(job.state), progress=pb.Progress(**job.progress),
+                error=job.error, run_digest=job.run_digest,
+            ))  # fmt: skip
+        return pb.Sweep(sweep_id=record.sweep_id, state=pb.JobState.Value(state), output=record.output,
+                        cells=cells, digest=record.digest, request_id=record.request_id or "",
+                        report_markdown=record.report.get("markdown", ""),
+                        rows_total=sum(c.get("rows_total", 0) for c in record.cells))  # fmt: skip
+
+    def SubmitSweep(self, request, context):
+        if len(request.request_id) > MAX_REQUEST_ID:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request_id is {len(request.request_id)} characters; at most {MAX_REQUEST_ID}")  # fmt: skip
+        try:
+            spec = json.loads(request.spec_json, parse_constant=_no_constant)
+        except (RecursionError, ValueError) as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"spec_json is not JSON a sweep can be read from: {shorten(str(exc))}")  # fmt: skip
+        if not isinstance(spec, dict):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "spec_json must hold a JSON object")
+        record = self._call(context, self.sweeps.submit, spec, request.output, request.request_id or None)  # fmt: skip
+        return self._call(context, self._sweep, record.sweep_id)
+
+    def GetSweep(self, request, context):
+        return self._call(context, self._sweep, request.sweep_id)
+
+    def CancelSweep(self, request, context):
+        self._call(context, self.sweeps.cancel, request.sweep_id)
+        return self._call(context, self._sweep, request.sweep_id)
+
+    def WatchSweep(self, request, context) -> Iterator[Any]:
+        last = self._call(context, self._sweep, request.sweep_id)
+        with self.streams.slot(context, "WatchSweep"):
+            yield last
+            final = {pb.JobState.Value(s) for s in FINAL}
+            while last.state not in final and context.is_active():
+                self.manager.wait_for_change(1.0)
+                current = self._call(context, self._sweep, request.sweep_id)
+                if current != last:
+                    last = current
+                    yield current
 
     # -- audits ---------------------------------------------------------------------------------
     def AuditRuns(self, request, context) -> Iterator[Any]:

@@ -16,6 +16,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--baseline", help="the cell the report compares the others with (sweep: baseline)")  # fmt: skip
     p.add_argument("--server", help="run the cells on this rollout service (host:port) instead of here")  # fmt: skip
     p.add_argument("--detach", action="store_true", help="with --server: submit and return; run the same command again to follow it")  # fmt: skip
+    p.add_argument("--cancel", action="store_true", help="with --server: cancel the sweep's cells that have not ended")  # fmt: skip
+    p.add_argument("--token-file", help="with --server: bearer token file")
+    p.add_argument("--tls-ca", help="with --server: PEM root certificate for a TLS server")
     p.add_argument("--ray-address", help="join this Ray cluster; default: start one")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=_run)

@@ -279,7 +279,7 @@ class _StoreProgress:
     def __init__(self, manager: JobManager, job_id: str) -> None:
         self.manager, self.job_id = manager, job_id
         self.started = time.monotonic()
-        self.tokens = self.rows = self.done = self.total = 0
+        self.tokens = self.rows = self.done = self.total = self.cached = 0
 
     def start(self, manifest) -> None:
         self.started = time.monotonic()
@@ -291,6 +291,7 @@ class _StoreProgress:
     def shard_done(self, result, manifest) -> None:
         self.tokens += result.output_tokens
         self.rows += result.rows
+        self.cached += result.rows_cached
         self.done += 1
         self.manager.store.update(self.job_id, progress=self._progress())
         self.manager._notify()
@@ -298,4 +299,5 @@ class _StoreProgress:
     def _progress(self) -> dict:
         seconds = max(time.monotonic() - self.started, 1e-9)
         return {"shards_done": self.done, "shards_total": self.total, "rows": self.rows,
-                "output_tokens": self.tokens, "output_tokens_per_s": self.tokens / seconds}  # fmt: skip
+                "output_tokens": self.tokens, "output_tokens_per_s": self.tokens / seconds,
+                "rows_cached": self.cached}  # fmt: skip

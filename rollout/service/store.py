@@ -34,6 +34,17 @@ CREATE TABLE IF NOT EXISTS jobs (
     cancel_requested INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state, seq);
+CREATE TABLE IF NOT EXISTS sweeps (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    sweep_id TEXT NOT NULL UNIQUE,
+    request_id TEXT UNIQUE,
+    spec TEXT NOT NULL,
+    output TEXT NOT NULL,
+    cells TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    digest TEXT NOT NULL DEFAULT '',
+    report TEXT NOT NULL DEFAULT ''
+);
 """
 
 
@@ -53,6 +64,18 @@ class JobRecord:
     config_hash: str = ""
     run_digest: str = ""
     cancel_requested: bool = False
+
+
+@dataclass
+class SweepRecord:
+    sweep_id: str
+    request_id: str | None
+    spec: dict[str, Any]
+    output: str
+    cells: list[dict[str, Any]]  # cell_id, settings, job_id
+    created_at: float
+    digest: str = ""
+    report: dict[str, Any] = field(default_factory=dict)
 
 
 class JobStore:
@@ -147,6 +170,35 @@ class JobStore:
             self._db.execute(
                 f"UPDATE jobs SET {sets} WHERE job_id = ?", [*encoded.values(), job_id]
             )
+
+    # -- sweeps ---------------------------------------------------------------------------------
+    def _sweep(self, row: tuple) -> SweepRecord:
+        _, sweep_id, request_id, spec, output, cells, created, digest, report = row
+        return SweepRecord(sweep_id, request_id, json.loads(spec), output, json.loads(cells),
+                           created, digest, json.loads(report) if report else {})  # fmt: skip
+
+    def sweep_by_request(self, request_id: str) -> SweepRecord | None:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM sweeps WHERE request_id = ?", (request_id,)).fetchone()  # fmt: skip
+        return self._sweep(row) if row else None
+
+    def add_sweep(self, record: SweepRecord) -> None:
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO sweeps (sweep_id, request_id, spec, output, cells, created_at) VALUES (?, ?, ?, ?, ?, ?)",
+                (record.sweep_id, record.request_id, json.dumps(record.spec, ensure_ascii=False),
+                 record.output, json.dumps(record.cells, ensure_ascii=False), record.created_at),
+            )  # fmt: skip
+
+    def get_sweep(self, sweep_id: str) -> SweepRecord | None:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM sweeps WHERE sweep_id = ?", (sweep_id,)).fetchone()  # fmt: skip
+        return self._sweep(row) if row else None
+
+    def finish_sweep(self, sweep_id: str, digest: str, report: dict[str, Any]) -> None:
+        with self._lock:
+            self._db.execute("UPDATE sweeps SET digest = ?, report = ? WHERE sweep_id = ?",
+                             (digest, json.dumps(report, ensure_ascii=False), sweep_id))  # fmt: skip
 
     def next_queued(self) -> JobRecord | None:
         with self._lock:
