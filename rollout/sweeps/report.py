@@ -215,9 +215,19 @@ def render_html(report: dict[str, Any]) -> str:
     sections = []
     for metric in report["metrics"]:
         sections.append(f"<h2>{html.escape(metric)}</h2><p>mean over examples, 95% interval</p>{_bars_svg(report, metric)}")  # fmt: skip
-        curve = _passk_svg(report, metric)
-        if curve:
-            sections.append(f"<h3>pass@k of {html.escape(metric)}</h3>{curve}")
+        ks = _pass_ks(report, metric)
+        if ks:
+            head_k = "".join(f"<th>pass@{k}</th>" for k in ks)
+            body_k = "".join(
+                f"<tr><td>{html.escape(c['cell_id'])}</td>"
+                + "".join(
+                    f"<td>{html.escape(_fmt(c['metrics'].get(metric, {}).get('pass_at_k', {}).get(k)))}</td>"
+                    for k in ks
+                )
+                + "</tr>"  # fmt: skip
+                for c in report["cells"]
+            )
+            sections.append(f"<h3>pass@k of {html.escape(metric)}</h3>{_passk_svg(report, metric)}<table><tr><th>cell</th>{head_k}</tr>{body_k}</table>")  # fmt: skip
     comp = ""
     if report["comparisons"]:
         rows = "".join(
