@@ -20,7 +20,7 @@ DI_TESTS := tests/test_determinism.py tests/engines/smollm2/test_kernels.py \
 	tests/cli/test_generate.py tests/scoring/test_rules.py tests/scoring/test_groups.py \
 	tests/scoring/test_math.py
 
-.PHONY: install demo test test-deepinfer-pins lint fmt bench-engine bench-scale schema clean
+.PHONY: install demo test test-deepinfer-pins lint fmt bench-engine bench-scale bench-scoring bench-sweep sweep-screenshot schema clean
 
 install: $(STAMP)
 
@@ -76,8 +76,22 @@ bench-scale: install
 	$(VENV)/bin/pip install -q "matplotlib==3.11.2"
 	$(PY) scripts/bench_scale.py --write docs/BENCHMARKS.md
 
+bench-scoring: install
+	$(PY) scripts/bench_scoring.py --write docs/BENCHMARKS.md
+
+bench-sweep: install
+	$(PY) scripts/bench_sweep.py --write docs/BENCHMARKS.md
+
+# The README's picture of a sweep report: runs configs/sweep-math.yaml, then lays its
+# report.html out with WeasyPrint (no browser here) in a venv of its own.
+sweep-screenshot: install
+	$(VENV)/bin/rollout sweep configs/sweep-math.yaml --output runs/sweep-math
+	$(PYTHON) -m venv .venv-shot
+	.venv-shot/bin/pip install --quiet "weasyprint==70.0" "pypdfium2>=4,<6"
+	.venv-shot/bin/python scripts/screenshot_report.py runs/sweep-math/report.html docs/sweep-report.png
+
 schema: install
 	$(PY) -c "import json; from rollout.jobs.spec import job_spec_json_schema as s; print(json.dumps(s(), indent=2))" > docs/job-spec.schema.json
 
 clean:
-	rm -rf $(VENV) $(DI_VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(DI_VENV) .venv-shot .pytest_cache .ruff_cache

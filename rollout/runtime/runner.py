@@ -70,6 +70,7 @@ class RunSummary:
     score_digest: str | None = None  # the job's scores (DETERMINISM.md v2); None: no scoring
     rows_generated: int = 0  # rows this run had the engine make (resumed shards not counted)
     rows_cached: int = 0  # rows this run took from the generation cache
+    output_tokens_generated: int = 0  # output tokens the engine made (not from the cache)
 
 
 class Progress(Protocol):
@@ -321,7 +322,7 @@ class JobRunner:
     ) -> tuple[Manifest, int]:
         self._prompt_tokens = self._output_tokens = 0
         self._actor_cpu = 0.0
-        self._rows_cached = self._rows_generated = 0
+        self._rows_cached = self._rows_generated = self._tokens_generated = 0
         staging = self.io / STAGING
         if existing is None:
             manifest = Manifest(chash, config, config["engine"], total, self.spec.shard_size,
@@ -381,6 +382,7 @@ class JobRunner:
         self._actor_cpu += result.cpu_seconds
         self._rows_cached += result.rows_cached
         self._rows_generated += result.rows - result.rows_cached
+        self._tokens_generated += result.output_tokens - result.tokens_cached
 
     def _finish(self, manifest: Manifest, resumed: int, started: float, pool: Any) -> RunSummary:
         staging = self.io / STAGING
@@ -428,6 +430,7 @@ class JobRunner:
             score_digest=manifest.score_digest,
             rows_generated=self._rows_generated,
             rows_cached=self._rows_cached,
+            output_tokens_generated=self._tokens_generated,
         )
         write_json_atomic(self.io / STATS, asdict(summary))
         return summary

@@ -19,7 +19,7 @@ from rollout.service.manager import JobManager, NotFound, resolve_under_roots
 from rollout.service.store import FINAL, SweepRecord
 from rollout.sweeps.report import build_report, render_markdown, write_report
 from rollout.sweeps.runner import CellState, sweep_digest
-from rollout.sweeps.spec import expand, parse_sweep
+from rollout.sweeps.spec import cache_dir, expand, parse_sweep
 
 
 class SweepService:
@@ -38,7 +38,7 @@ class SweepService:
                     raise Conflict(f"request_id {request_id!r} was used for sweep {found.sweep_id} with another spec or output")  # fmt: skip
                 return found
         out = resolve_under_roots("output", output, self.manager.roots)
-        cache = spec.cache or str(Path(out) / "cache")
+        cache = cache_dir(spec, Path(out))
         sweep_id = hashlib.sha256(request_id.encode()).hexdigest()[:16] if request_id else uuid.uuid4().hex[:16]  # fmt: skip
         cells, jobs = [], []
         for cell in expand(spec, dict(spec.base)):

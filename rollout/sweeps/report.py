@@ -240,7 +240,7 @@ def render_html(report: dict[str, Any]) -> str:
                 f"<th>p (bootstrap)</th><th>sign test +/-/=</th><th>p (sign)</th></tr>{rows}</table>")  # fmt: skip
     head = "".join(f"<th>{html.escape(m)}</th>" for m in report["metrics"])
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>Sweep {html.escape(report['sweep'])}</title>
-<style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}}table{{border-collapse:collapse;margin:1em 0}}td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}td:first-child{{text-align:left}}code{{font-size:90%}}</style></head>
+<style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}}table{{border-collapse:collapse;margin:1em 0}}td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right;white-space:nowrap}}td:first-child,th:first-child{{text-align:left}}code{{font-size:90%}}</style></head>
 <body><h1>Sweep {html.escape(report['sweep'])}</h1>
 <p>{len(report['cells'])} cells; rows generated {report['rows_generated']}, from the cache {report['rows_cached']}; digest <code>{html.escape(report['digest'])}</code></p>
 <table><tr><th>cell</th>{head}<th>rows generated</th><th>rows cached</th></tr>{md_rows}</table>

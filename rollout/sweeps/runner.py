@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from rollout.audit.runs import RunDir
 from rollout.errors import InputError, RolloutError
 from rollout.runtime.manifest import write_json_atomic
-from rollout.sweeps.spec import Cell, SweepSpec, cell_job, expand
+from rollout.sweeps.spec import Cell, SweepSpec, cache_dir, cell_job, expand
 
 SWEEP = "sweep.json"
 
@@ -128,7 +128,7 @@ class SweepRunner:
         from rollout.runtime.runner import JobRunner
 
         self.output.mkdir(parents=True, exist_ok=True)
-        cache = self.spec.cache or str(self.output / "cache")
+        cache = cache_dir(self.spec, self.output)
         jobs = {c.cell_id: cell_job(c, self.output, cache) for c in self.cells}
         sweep = SweepState(self.spec.name, self.spec.model_dump(mode="json"),
                            [CellState(c.cell_id, c.settings) for c in self.cells])  # fmt: skip

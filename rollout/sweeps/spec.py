@@ -54,7 +54,7 @@ class SweepSpec(BaseModel):
     axes: dict[str, list[Any]] = Field(default_factory=dict, description="Dotted path -> values; the cells are their full product.")  # fmt: skip
     cells: list[dict[str, Any]] | None = Field(None, description="An explicit list of cells (dotted path -> value), instead of axes.")  # fmt: skip
     overrides: list[Override] = Field(default_factory=list)
-    cache: str | None = Field(None, description="The generation cache the cells share; default: <output>/cache.")  # fmt: skip
+    cache: str | bool | None = Field(None, description="The generation cache the cells share; default (null or true): <output>/cache; false: none.")  # fmt: skip
     baseline: str | None = Field(None, description="The cell id the report compares every other cell with.")  # fmt: skip
 
     @model_validator(mode="after")
@@ -169,5 +169,14 @@ def expand(spec: SweepSpec, base: dict[str, Any]) -> list[Cell]:
     return cells
 
 
-def cell_job(cell: Cell, output: Path, cache: str) -> JobSpec:
+def cache_dir(spec: SweepSpec, output: Path) -> str | None:
+    """The cache the cells share: the spec's, <output>/cache by default, None with `cache: false`."""
+    if spec.cache is False:
+        return None
+    if spec.cache is None or spec.cache is True:
+        return str(output / "cache")
+    return spec.cache
+
+
+def cell_job(cell: Cell, output: Path, cache: str | None) -> JobSpec:
     return parse_job_spec(cell.job | {"output": str(output / "cells" / cell.cell_id), "cache": cache})  # fmt: skip

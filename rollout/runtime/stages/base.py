@@ -46,6 +46,7 @@ class ShardResult:
     pid: int = 0  # the process that made it
     file_sha256: str = ""
     rows_cached: int = 0  # rows served from the generation cache instead of the engine
+    tokens_cached: int = 0  # their output tokens
 
 
 @dataclass
@@ -74,6 +75,7 @@ class ShardWork:
     cache: Any = None  # the generation cache (rollout.cache.GenerationCache), if the job has one
     cache_engine_key: str = ""  # rollout.cache.store.engine_key of the engine's fingerprint
     rows_cached: int = 0
+    tokens_cached: int = 0
     # read
     table: pa.Table | None = None
     rows: list[dict[str, Any]] | None = None

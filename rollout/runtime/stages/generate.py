@@ -29,4 +29,6 @@ class Generate(Stage):
                 results[i] = result
             cache.put([keys[i] for i in missing], fresh)
         work.rows_cached = len(requests) - len(missing)
+        fresh_ids = set(missing)
+        work.tokens_cached = sum(len(results[i].output_token_ids) for i in results if i not in fresh_ids)  # fmt: skip
         work.generated = GenerationBatch.from_results([results[i] for i in range(len(requests))])

@@ -74,4 +74,5 @@ class Write(Stage):
             pid=os.getpid(),
             file_sha256=sha,
             rows_cached=work.rows_cached,
+            tokens_cached=work.tokens_cached,
         )
