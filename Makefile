@@ -87,7 +87,7 @@ bench-sweep: install
 sweep-screenshot: install
 	$(VENV)/bin/rollout sweep configs/sweep-math.yaml --output runs/sweep-math
 	$(PYTHON) -m venv .venv-shot
-	.venv-shot/bin/pip install --quiet "weasyprint==70.0" "pypdfium2>=4,<6"
+	.venv-shot/bin/pip install --quiet "weasyprint==70.0" "pypdfium2>=4,<6" numpy
 	.venv-shot/bin/python scripts/screenshot_report.py runs/sweep-math/report.html docs/sweep-report.png
 
 schema: install
