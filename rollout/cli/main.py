@@ -8,10 +8,10 @@ import sys
 from collections.abc import Sequence
 
 from rollout import __version__
-from rollout.cli import audit, cache, generate, jobs, run, score, serve, sweep
+from rollout.cli import audit, cache, export, generate, jobs, run, score, serve, sweep
 from rollout.errors import ConfigError, EngineError, InputError, RolloutError
 
-SUBCOMMANDS = (generate, run, score, sweep, serve, jobs, audit, cache)
+SUBCOMMANDS = (generate, run, score, sweep, serve, jobs, audit, cache, export)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -57,6 +57,8 @@ def needed_columns(spec: JobSpec) -> list[str]:
         cols.append(p.messages_column)
     if p is not None and p.template:
         cols.extend(template_fields(p.template))
+    if spec.input.format == "openai-batch":
+        cols += ["url", "model", "messages", "prompt", "params"]
     tf = spec.teacher_forcing
     if tf is not None:
         cols += [c for c in (tf.prompt_ids_column, tf.completion_column, tf.completion_ids_column) if c]  # fmt: skip

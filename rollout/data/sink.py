@@ -166,6 +166,7 @@ def write_atomic(table: pa.Table, path: Path) -> None:
             compression="zstd",
             row_group_size=ROW_GROUP_ROWS,
             use_dictionary=[n for n in table.schema.names if n not in _NO_DICTIONARY],
+            write_page_checksum=True,  # a reader verifying pages catches any flipped byte
         )
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())

@@ -18,26 +18,12 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 import pyarrow as pa
-import pyarrow.csv as pacsv
 import pyarrow.fs as pafs
-import pyarrow.ipc as ipc
-import pyarrow.json as pajson
-import pyarrow.parquet as pq
 
 from rollout.data.confined import fd_path, open_under_roots
+from rollout.data.readers import EXTENSIONS, READERS, Reader
 from rollout.errors import InputError
 
-EXTENSIONS = {
-    ".parquet": "parquet",
-    ".pq": "parquet",
-    ".arrow": "arrow",
-    ".feather": "arrow",
-    ".ipc": "arrow",
-    ".jsonl": "jsonl",
-    ".ndjson": "jsonl",
-    ".json": "jsonl",
-    ".csv": "csv",
-}
 _GLOB_CHARS = set("*?[")
 
 
@@ -180,63 +166,17 @@ class Source:
         with handle:
             yield handle
 
+    @property
+    def reader(self) -> Reader:
+        return READERS[self.format](self._open)
+
     def _batches(self, f: InputFile, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
-        try:
-            yield from self._batches_unchecked(f, columns)
-        except UnicodeDecodeError as exc:
-            raise InputError(
-                f"input file {f.path!r}",
-                f"is not UTF-8 text: byte 0x{exc.object[exc.start]:02x} cannot be decoded ({exc.reason})",
-            ) from None
-        except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as exc:
-            raise InputError(
-                f"input file {f.path!r}", f"cannot be read as {self.format}: {exc}"
-            ) from None
-
-    def _batches_unchecked(
-        self, f: InputFile, columns: list[str] | None
-    ) -> Iterator[pa.RecordBatch]:
-        fmt = self.format
-        if fmt == "parquet":
-            with self._open(f.path) as handle:
-                yield from pq.ParquetFile(handle).iter_batches(batch_size=4096, columns=columns)
-        elif fmt in ("arrow", "hf"):
-            with self._open(f.path) as handle:
-                magic = handle.read(6)
-                handle.seek(0)
-                if magic == b"ARROW1":
-                    reader = ipc.open_file(handle)
-                    for i in range(reader.num_record_batches):
-                        yield _select(reader.get_batch(i), columns)
-                else:
-                    for batch in ipc.open_stream(handle):
-                        yield _select(batch, columns)
-        elif fmt == "jsonl":
-            with self._open(f.path, stream=True) as handle:
-                for batch in pajson.open_json(handle):
-                    yield _select(batch, columns)
-        elif fmt == "csv":
-            with self._open(f.path, stream=True) as handle:
-                for batch in pacsv.open_csv(handle):
-                    yield _select(batch, columns)
-        else:  # pragma: no cover - formats are validated by the spec
-            raise InputError("input.format", f"unknown format {fmt!r}")
-
-    def _file_rows(self, f: InputFile) -> int:
-        if self.format == "parquet":
-            try:
-                with self._open(f.path) as handle:
-                    return pq.ParquetFile(handle).metadata.num_rows
-            except (pa.ArrowInvalid, OSError) as exc:
-                raise InputError(
-                    f"input file {f.path!r}", f"is not a readable Parquet file: {exc}"
-                ) from None
-        return sum(b.num_rows for b in self._batches(f, columns=[]))
+        return self.reader.checked_batches(f.path, columns)
 
     def row_counts(self) -> list[int]:
         """Rows per file (cached); parsing each file once checks it can be read."""
         if self._counts is None:
-            self._counts = [self._file_rows(f) for f in self.files]
+            self._counts = [self.reader.num_rows(f.path) for f in self.files]
         return self._counts
 
     @property
@@ -247,7 +187,7 @@ class Source:
         """The schema all files share; a file whose schema differs is an input error."""
         first: pa.Schema | None = None
         for f in self.files:
-            schema = self._file_schema(f)
+            schema = self.reader.schema(f.path)
             if first is None:
                 first = schema
             elif not schema.equals(first):
@@ -258,19 +198,6 @@ class Source:
                 )
         assert first is not None
         return first
-
-    def _file_schema(self, f: InputFile) -> pa.Schema:
-        if self.format == "parquet":
-            try:
-                with self._open(f.path) as handle:
-                    return pq.ParquetFile(handle).schema_arrow
-            except (pa.ArrowInvalid, OSError) as exc:
-                raise InputError(
-                    f"input file {f.path!r}", f"is not a readable Parquet file: {exc}"
-                ) from None
-        for batch in self._batches(f):
-            return batch.schema
-        raise InputError(f"input file {f.path!r}", "holds no record batch")
 
     def read(
         self, start: int, end: int, columns: list[str] | None = None
@@ -284,34 +211,8 @@ class Source:
                 offset += count
                 continue
             lo, hi = max(start - offset, 0), min(end - offset, count)
-            yield from self._read_file_range(f, lo, hi, columns)
+            yield from self.reader.read_range(f.path, lo, hi, columns)
             offset += count
-
-    def _read_file_range(
-        self, f: InputFile, lo: int, hi: int, columns: list[str] | None
-    ) -> Iterator[pa.RecordBatch]:
-        if self.format == "parquet":
-            with self._open(f.path) as handle:
-                pf = pq.ParquetFile(handle)
-                pos = 0
-                for g in range(pf.metadata.num_row_groups):
-                    n = pf.metadata.row_group(g).num_rows
-                    if pos + n > lo and pos < hi:
-                        table = pf.read_row_group(g, columns=columns)
-                        part = table.slice(max(lo - pos, 0), min(hi, pos + n) - max(lo, pos))
-                        yield from part.to_batches()
-                    pos += n
-                    if pos >= hi:
-                        return
-            return
-        pos = 0
-        for batch in self._batches(f, columns):
-            n = batch.num_rows
-            if pos + n > lo and pos < hi:
-                yield batch.slice(max(lo - pos, 0), min(hi, pos + n) - max(lo, pos))
-            pos += n
-            if pos >= hi:
-                return
 
     def fingerprint(self) -> dict:
         """Content hashes and row counts of the input, in order (no paths: they do not decide output)."""
@@ -323,12 +224,6 @@ class Source:
                     h.update(chunk)
             files.append({"sha256": h.hexdigest(), "rows": rows})
         return {"format": self.format, "files": files, "rows": sum(x["rows"] for x in files)}
-
-
-def _select(batch: pa.RecordBatch, columns: list[str] | None) -> pa.RecordBatch:
-    if columns is None:
-        return batch
-    return batch.select(columns)
 
 
 def _schema_diff(a: pa.Schema, b: pa.Schema) -> str:

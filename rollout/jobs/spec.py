@@ -17,7 +17,7 @@ from rollout.determinism import UINT64_MAX
 from rollout.errors import ConfigError, config_error_from_validation
 from rollout.sampling_params import SamplingParams
 
-InputFormat = Literal["auto", "parquet", "arrow", "jsonl", "csv", "hf"]
+InputFormat = Literal["auto", "parquet", "arrow", "jsonl", "csv", "hf", "openai-batch"]
 MAX_SAMPLES_PER_PROMPT = 4096
 
 
@@ -33,7 +33,7 @@ class InputSpec(_Strict):
     )
     format: InputFormat = Field(
         "auto",
-        description="File format; auto detects it from the extension (or an HF `save_to_disk` folder).",
+        description="File format; auto detects it from the extension (or an HF `save_to_disk` folder). openai-batch: OpenAI Batch API request files (JSONL); the job then needs no prompt section.",
     )
     split: str | None = Field(
         None,
@@ -205,6 +205,20 @@ class JobSpec(_Strict):
     scoring: list[ScorerEntry] = Field(default_factory=list, description="Scores computed for every output row after generation, on the engine actors (docs/scoring.md).")  # fmt: skip
     teacher_forcing: TeacherForcingSpec | None = Field(None, description="Record the logprobs of given completions instead of generating (docs/scoring.md).")  # fmt: skip
 
+    on_error: Literal["fail", "skip"] = Field("fail", description="An error of one row (a prompt longer than the context, an engine-side rejection, a scorer's error): fail stops the job naming the example; skip leaves the row out, lists it in errors.jsonl with its stage and reason, and counts it.")  # fmt: skip
+
+    @model_validator(mode="before")
+    @classmethod
+    def _openai_batch_ids(cls, data: Any) -> Any:
+        inp = data.get("input") if isinstance(data, dict) else None
+        if (
+            isinstance(inp, dict)
+            and inp.get("format") == "openai-batch"
+            and "id_column" not in data
+        ):
+            data = {**data, "id_column": "custom_id"}
+        return data
+
     @model_validator(mode="before")
     @classmethod
     def _forcing_records_logprobs(cls, data: Any) -> Any:
@@ -230,8 +244,13 @@ class JobSpec(_Strict):
                 raise ValueError(f"teacher_forcing scores one given completion per row: n must be 1, got {self.n}")  # fmt: skip
             if not self.sampling.logprobs:
                 raise ValueError("teacher_forcing records logprobs: sampling.logprobs cannot be false")  # fmt: skip
-        if self.prompt is None and (tf is None or tf.prompt_ids_column is None):
-            raise ValueError("prompt is required (only teacher_forcing.prompt_ids_column can stand in for it)")  # fmt: skip
+        batch = self.input.format == "openai-batch"
+        if batch and self.prompt is not None:
+            raise ValueError("prompt: an openai-batch input carries its own messages or prompt; remove the prompt section")  # fmt: skip
+        if batch and self.id_column != "custom_id":
+            raise ValueError("id_column: an openai-batch input is keyed by custom_id")
+        if self.prompt is None and not batch and (tf is None or tf.prompt_ids_column is None):
+            raise ValueError("prompt is required (only teacher_forcing.prompt_ids_column or an openai-batch input can stand in for it)")  # fmt: skip
         return self
 
     @field_validator("job_seed", mode="before")
@@ -269,19 +288,23 @@ class JobSpec(_Strict):
         self, input_fingerprint: dict[str, Any], engine_fingerprint: dict[str, Any]
     ) -> dict[str, Any]:
         """Everything that decides the output: what `config_hash` is computed over."""
-        return {
-            "version": "rollout-config-v1",
-            # The fingerprint names the format as resolved, so "auto" and an explicit
-            # format that reads the same bytes give the same hash.
-            "input": {"split": self.input.split, "fingerprint": input_fingerprint},
-            "prompt": None if self.prompt is None else self.prompt.model_dump(),
-            "sampling": self.sampling.config_view(),
-            "n": self.n,
-            "job_seed": self.job_seed,
-            "id_column": self.id_column,
-            "carry_columns": list(self.carry_columns),
-            "engine": engine_fingerprint,
-        } | self.scoring_view()
+        return (
+            {
+                "version": "rollout-config-v1",
+                # The fingerprint names the format as resolved, so "auto" and an explicit
+                # format that reads the same bytes give the same hash.
+                "input": {"split": self.input.split, "fingerprint": input_fingerprint},
+                "prompt": None if self.prompt is None else self.prompt.model_dump(),
+                "sampling": self.sampling.config_view(),
+                "n": self.n,
+                "job_seed": self.job_seed,
+                "id_column": self.id_column,
+                "carry_columns": list(self.carry_columns),
+                "engine": engine_fingerprint,
+            }
+            | self.scoring_view()
+            | ({"on_error": "skip"} if self.on_error == "skip" else {})
+        )
 
     def scoring_view(self) -> dict[str, Any]:
         """The scoring and teacher forcing settings with each scorer's version (only when set,

@@ -59,6 +59,7 @@ class Sample:
     prompt_text: str | None
     request: GenerationRequest
     row: dict[str, Any]  # the input row's columns
+    request_params: str | None = None  # openai-batch: the parameters this row was made with
 
 
 @dataclass
@@ -92,6 +93,32 @@ class ShardWork:
     result: ShardResult | None = None
     started: float = 0.0
     cpu_started: float = 0.0
+
+
+def row_error(work: ShardWork, stage: str, where: str, row_index: int, example_id: str,
+              reason: str, sample_index: int | None = None) -> None:  # fmt: skip
+    """One row's error: with on_error skip, the row is listed in errors.jsonl (its example
+    id, stage and reason) and the job goes on; else the job stops naming the example."""
+    from rollout.errors import InputError
+
+    if work.spec.on_error != "skip":
+        raise InputError(f"{where} (example {example_id!r})", reason)
+    entry = {"row_index": row_index, "example_id": example_id, "stage": stage, "reason": reason}
+    if sample_index is not None:
+        entry["sample_index"] = sample_index
+    work.skipped.append(entry)
+
+
+def drop_samples(work: ShardWork, drop: set[int]) -> None:
+    """Leave the samples at positions `drop` out (and their generations, when made)."""
+    from rollout.engines.base import GenerationBatch
+
+    assert work.samples is not None
+    keep = [i for i in range(len(work.samples)) if i not in drop]
+    if work.generated is not None:
+        results = work.generated.results()
+        work.generated = GenerationBatch.from_results([results[i] for i in keep])
+    work.samples = [work.samples[i] for i in keep]
 
 
 class StageError(AssertionError):

@@ -29,6 +29,13 @@ class Render(Stage):
         assert rows is not None
         wanted = None if task.samples is None else {r for r, _ in task.samples}
         texts: list[str | None] = [None] * len(rows)
+        if spec.input.format == "openai-batch":  # each request carries its messages or prompt
+            for offset, row in enumerate(rows):
+                if wanted is None or task.start + offset in wanted:
+                    texts[offset] = (work.engine.apply_chat_template(row["messages"])
+                                     if row.get("messages") is not None else row.get("prompt"))  # fmt: skip
+            work.texts = texts
+            return
         if spec.prompt is None:  # teacher forcing from prompt token ids: nothing to render
             work.texts = texts
             return
@@ -39,7 +46,7 @@ class Render(Stage):
             if prompt.problem is not None:
                 example_id = example_id_of(row, spec.id_column, row_index)
                 if spec.prompt.on_empty == "skip" and _skippable(prompt.problem):
-                    work.skipped.append({"row_index": row_index, "example_id": example_id, "reason": prompt.problem})  # fmt: skip
+                    work.skipped.append({"row_index": row_index, "example_id": example_id, "stage": "render", "reason": prompt.problem})  # fmt: skip
                     continue
                 raise InputError(f"input row {row_index} (example {example_id!r})", prompt.problem)
             texts[offset] = (

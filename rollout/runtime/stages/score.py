@@ -12,7 +12,7 @@ import pyarrow as pa
 from rollout.data.columns import list_slices
 from rollout.errors import ConfigError, InputError, RolloutError
 from rollout.jobs.spec import JobSpec
-from rollout.runtime.stages.base import ShardWork, Stage
+from rollout.runtime.stages.base import ShardWork, Stage, drop_samples, row_error
 from rollout.scoring.base import Scorer, ScoreRow
 from rollout.scoring.groups import group_stats
 from rollout.scoring.registry import build
@@ -79,4 +79,19 @@ class Score(Stage):
                      example_id=s.example_id, sample_index=s.sample_index)
             for i, s in enumerate(samples)
         ]  # fmt: skip
+        try:
+            work.scores = score_columns(spec, work.scorers, rows, f"shard {work.task.shard_id}")
+            return
+        except (InputError, ConfigError):
+            pass  # a scorer failed: find the rows it fails on, one at a time
+        failed: set[int] = set()
+        for i, (row, s) in enumerate(zip(rows, samples, strict=True)):
+            try:
+                score_columns(spec, work.scorers, [row], f"example {s.example_id!r}")
+            except (InputError, ConfigError) as exc:
+                row_error(work, "score", f"input row {s.row_index} sample {s.sample_index}", s.row_index,
+                          s.example_id, str(exc), s.sample_index)  # fmt: skip
+                failed.add(i)
+        drop_samples(work, failed)
+        rows = [r for i, r in enumerate(rows) if i not in failed]
         work.scores = score_columns(spec, work.scorers, rows, f"shard {work.task.shard_id}")

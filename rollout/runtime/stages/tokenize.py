@@ -3,12 +3,15 @@ and under teacher forcing the completion it is given)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from rollout import determinism
+from rollout.data.openai_batch import row_sampling
+from rollout.engines import STRUCTURED_OUTPUT
 from rollout.engines.base import GenerationRequest
 from rollout.errors import InputError
-from rollout.runtime.stages.base import Sample, ShardWork, Stage
+from rollout.runtime.stages.base import Sample, ShardWork, Stage, row_error
 from rollout.runtime.stages.render import example_id_of
 
 
@@ -35,29 +38,47 @@ class Tokenize(Stage):
             if (wanted_rows is not None and row_index not in wanted_rows) or row_index in skipped:
                 continue
             example_id = example_id_of(row, spec.id_column, row_index)
-            where = f"input row {row_index} (example {example_id!r})"
+            where = f"input row {row_index}"
+            named = f"{where} (example {example_id!r})"
             if tf is not None and tf.prompt_ids_column:
-                ids = _ids(
-                    row.get(tf.prompt_ids_column), f"{where}: column {tf.prompt_ids_column!r}"
-                )
+                ids = _ids(row.get(tf.prompt_ids_column), f"{named}: column {tf.prompt_ids_column!r}")  # fmt: skip
             else:
                 assert text is not None
                 ids = engine.encode(text)
             forced = None
             if tf is not None:
                 if tf.completion_ids_column:
-                    forced = _ids(row.get(tf.completion_ids_column), f"{where}: column {tf.completion_ids_column!r}")  # fmt: skip
+                    forced = _ids(row.get(tf.completion_ids_column), f"{named}: column {tf.completion_ids_column!r}")  # fmt: skip
                 else:
                     completion = row.get(tf.completion_column)
                     if not isinstance(completion, str):
-                        raise InputError(where, f"column {tf.completion_column!r} must hold the completion's text, got {type(completion).__name__}")  # fmt: skip
+                        raise InputError(named, f"column {tf.completion_column!r} must hold the completion's text, got {type(completion).__name__}")  # fmt: skip
                     forced = engine.encode_continuation(completion)
-            for sample in range(spec.n):
+            params, n, job_seed, request_params = spec.sampling, spec.n, spec.job_seed, None
+            if spec.input.format == "openai-batch":
+                try:
+                    params, n, job_seed = row_sampling(row, spec.sampling, spec.job_seed, spec.n, where)  # fmt: skip
+                except InputError as exc:
+                    row_error(work, "tokenize", exc.where, row_index, example_id, exc.reason)
+                    continue
+                request_params = json.dumps({"model": row.get("model"), "n": n, "seed": str(job_seed)} | params.config_view(), sort_keys=True)  # fmt: skip
+                if params.so_args is not None and spec.engine.name not in STRUCTURED_OUTPUT:
+                    row_error(work, "tokenize", f"{where}: body.response_format", row_index, example_id,
+                              f"structured output needs an engine that supports it ({', '.join(sorted(STRUCTURED_OUTPUT))})")  # fmt: skip
+                    continue
+            if not ids:
+                row_error(work, "tokenize", where, row_index, example_id, "the prompt is empty (0 tokens)")  # fmt: skip
+                continue
+            room = engine.max_model_len
+            fed = len(ids) if params.truncate_prompt_tokens is None else min(len(ids), params.truncate_prompt_tokens)  # fmt: skip
+            if fed >= room:
+                row_error(work, "tokenize", where, row_index, example_id,
+                          f"the prompt has {fed} tokens, which leaves no room in the context of {room} tokens (max_model_len); shorten it or set sampling.truncate_prompt_tokens")  # fmt: skip
+                continue
+            for sample in range(n):
                 if wanted is not None and (row_index, sample) not in wanted:
                     continue
-                seed = determinism.seq_seed(spec.job_seed, example_id, sample)
-                request = GenerationRequest(
-                    f"{row_index}:{sample}", ids, spec.sampling, seed, forced
-                )
-                samples.append(Sample(row_index, example_id, sample, text, request, row))
+                seed = determinism.seq_seed(job_seed, example_id, sample)
+                request = GenerationRequest(f"{row_index}:{sample}", ids, params, seed, forced)
+                samples.append(Sample(row_index, example_id, sample, text, request, row, request_params))  # fmt: skip
         work.samples = samples

@@ -27,9 +27,10 @@ class Write(Stage):
         assert table is not None and samples is not None and generated is not None and scores is not None  # fmt: skip
         picked = pa.array([s.row_index - task.start for s in samples], pa.int64())
         carried = {f"input_{c}": table.column(c).take(picked) for c in spec.carry_columns}
+        per_row = spec.input.format == "openai-batch"  # rows ask for logprobs themselves
         schema = output_schema(
-            spec.sampling.logprobs,
-            spec.sampling.top_logprobs > 0,
+            spec.sampling.logprobs or per_row,
+            spec.sampling.top_logprobs > 0 or per_row,
             [table.schema.field(c) for c in spec.carry_columns],
         )
         out_table, hashes = shard_table(
@@ -45,6 +46,9 @@ class Write(Stage):
                 carried=carried,
             ),
         )
+        if any(s.request_params is not None for s in samples):  # openai-batch: each row's own
+            params = pa.array([s.request_params for s in samples], pa.string())
+            out_table = out_table.append_column(pa.field("request_params", pa.string()), params)
         for name, column in scores.items():
             out_table = out_table.append_column(pa.field(name, column.type), column)
         prompt_tokens = int(pc.sum(out_table.column("num_prompt_tokens")).as_py() or 0)
