@@ -37,7 +37,7 @@ from rollout.engines.base import (
     with_forced,
 )
 from rollout.engines.stopping import StopState
-from rollout.errors import EngineError, config_error_from_validation
+from rollout.errors import EngineError, RowError, config_error_from_validation
 
 VERSION = "1"
 BOS, EOS, FIRST_BYTE = 1, 2, 3
@@ -74,6 +74,12 @@ class SyntheticOptions(BaseModel):
         "slow_factor times slower than tokens_per_s.",
     )
     slow_factor: float = Field(10.0, ge=1, description="How much slower the claiming replica is.")
+    reject_text: str | None = Field(
+        None,
+        max_length=256,
+        description="Rejects (as DeepInfer does with finish reason 'abort') every request whose "
+        "prompt holds this text: a row error, for exercising on_error.",
+    )
 
 
 def _splitmix(x: np.ndarray) -> np.ndarray:
@@ -194,6 +200,14 @@ class SyntheticEngine(Engine):
         if not self._started:
             raise EngineError("the synthetic engine is not started: call start() first")
         o = self.options
+        if o.reject_text is not None:
+            marker = self.encode(o.reject_text)
+            for r in requests:
+                ids = list(r.prompt_token_ids)
+                if any(
+                    ids[i : i + len(marker)] == marker for i in range(len(ids) - len(marker) + 1)
+                ):
+                    raise RowError(r.request_id, "abort", "the engine rejected the request (synthetic: its prompt holds reject_text)")  # fmt: skip
         prompts, keys, room = [], [], []
         source: object = None
         last_params = None
