@@ -92,11 +92,13 @@ class Server:
         max_streams: int = 32,
         max_streams_per_client: int = 16,
         allowed_scorers: tuple[str, ...] = (),
+        metrics_address: str | None = None,
     ) -> None:
         self.store = JobStore(state_dir / "jobs.sqlite")
         self.manager = JobManager(self.store, data_roots, max_concurrent_jobs, ray_address,
                                   allowed_scorers)  # fmt: skip
         self.streams = StreamBudget(max_streams, max_streams_per_client)
+        self.metrics_address, self.metrics_port = metrics_address, None
         self.grpc = grpc.server(
             # every stream slot plus a reserve that streams never take (rollout/api/streams.py)
             futures.ThreadPoolExecutor(max_workers=self.streams.workers),
@@ -123,6 +125,11 @@ class Server:
 
         # The service owns the Ray driver: connect once, here, before taking jobs.
         cluster.connect(self.manager.ray_address)
+        if self.metrics_address:
+            from rollout.service.metrics import Metrics
+
+            self.manager.metrics = Metrics(self.store)
+            self.metrics_port = self.manager.metrics.serve(self.metrics_address)
         resumed = self.manager.start()
         self.grpc.start()
         for name in ("", SERVICE_NAME):
@@ -134,6 +141,8 @@ class Server:
             self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         self.manager.stop()
         self.grpc.stop(grace).wait()
+        if self.manager.metrics is not None:
+            self.manager.metrics.stop()
         self.store.close()
 
 

@@ -36,6 +36,8 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--tls-cert", help="serve TLS with this PEM certificate (needs --tls-key)")
     p.add_argument("--tls-key", help="the PEM private key of --tls-cert")
+    p.add_argument("--metrics-address", metavar="HOST:PORT",
+                   help="serve Prometheus metrics at http://HOST:PORT/metrics (e.g. 127.0.0.1:9464)")  # fmt: skip
     p.add_argument("--allow-scorer", action="append", default=[], metavar="MODULE",
                    help="let jobs use the user scorers (module:function) of MODULE and its "
                         "submodules; repeatable. Without it, only built-in scorers run")  # fmt: skip
@@ -85,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
         args.max_streams,
         args.max_streams_per_client,
         tuple(args.allow_scorer),
+        args.metrics_address,
     )
     orphans = server.manager.orphaned_runs()
     if orphans:
@@ -96,7 +99,13 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"rollout serve: listening on {args.address} ({'TLS' if tls else 'plaintext'}"
         f"{', token auth' if token else ''}); data roots: {', '.join(map(str, roots))}; "
-        f"state: {args.state_dir}" + (f"; resuming {len(resumed)} job(s)" if resumed else ""),
+        f"state: {args.state_dir}"
+        + (f"; resuming {len(resumed)} job(s)" if resumed else "")
+        + (
+            f"; metrics on http://{args.metrics_address.rpartition(':')[0]}:{server.metrics_port}/metrics"
+            if args.metrics_address
+            else ""
+        ),
         file=sys.stderr,
         flush=True,
     )

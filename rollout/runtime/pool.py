@@ -109,6 +109,7 @@ class ShardPool:
         self._max_restarts = max_restarts
         self.backup_after, self.backup_min_s = backup_after, backup_min_s
         self.backups = 0
+        self.retries = 0  # shards run again after their actor died
         self.dispatch_latency: deque[float] = deque(maxlen=100_000)
         self.actors: list[Any] = [self.rt.start_actor() for _ in range(size)]
         self.restarts = 0
@@ -265,6 +266,7 @@ class ShardPool:
                     if others:  # its other copy is still running: that one will do
                         continue
                     attempts[task.shard_id] += 1
+                    self.retries += 1
                     if attempts[task.shard_id] > self._max_retries:
                         raise EngineError(
                             f"shard {task.shard_id} (rows {task.start}..{task.end - 1}) lost its actor "

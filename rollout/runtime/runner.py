@@ -71,6 +71,7 @@ class RunSummary:
     rows_generated: int = 0  # rows this run had the engine make (resumed shards not counted)
     rows_cached: int = 0  # rows this run took from the generation cache
     output_tokens_generated: int = 0  # output tokens the engine made (not from the cache)
+    shard_retries: int = 0  # shards run again after their actor died
 
 
 class Progress(Protocol):
@@ -431,6 +432,7 @@ class JobRunner:
             rows_generated=self._rows_generated,
             rows_cached=self._rows_cached,
             output_tokens_generated=self._tokens_generated,
+            shard_retries=getattr(pool, "retries", 0),
         )
         write_json_atomic(self.io / STATS, asdict(summary))
         return summary

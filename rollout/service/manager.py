@@ -112,6 +112,7 @@ class JobManager:
         self.store = store
         # the modules whose user scorers (module:function) jobs may name (--allow-scorer)
         self.allowed_scorers = tuple(allowed_scorers)
+        self.metrics: Any = None  # rollout.service.metrics.Metrics, with --metrics-address
         self.roots = [r.resolve() for r in data_roots]
         self.max_concurrent = max_concurrent
         self.ray_address = ray_address
@@ -249,6 +250,8 @@ class JobManager:
             summary = runner.run()
             self.store.update(job_id, state="SUCCEEDED", finished_at=time.time(), run_digest=summary.run_digest,
                               config_hash=summary.config_hash)  # fmt: skip
+            if self.metrics is not None:
+                self.metrics.job_finished("SUCCEEDED", summary)
         except JobCancelled:
             if self._stop.is_set():  # the service is stopping: the job resumes at the next start
                 self.store.update(job_id, state="QUEUED")
@@ -269,6 +272,10 @@ class JobManager:
             traceback.print_exc()
         finally:
             self._cancel.pop(job_id, None)
+            if self.metrics is not None:
+                final = self.store.get(job_id)
+                if final is not None and final.state in ("FAILED", "CANCELLED"):
+                    self.metrics.job_finished(final.state)
             self._notify()
 
 
@@ -292,6 +299,8 @@ class _StoreProgress:
         self.tokens += result.output_tokens
         self.rows += result.rows
         self.cached += result.rows_cached
+        if self.manager.metrics is not None:
+            self.manager.metrics.shard_done(result)
         self.done += 1
         self.manager.store.update(self.job_id, progress=self._progress())
         self.manager._notify()

@@ -100,6 +100,10 @@ class JobStore:
             ) from None
         self._lock = threading.Lock()
 
+    def count_by_state(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall())  # fmt: skip
+
     def is_empty(self) -> bool:
         with self._lock:
             return self._db.execute("SELECT COUNT(*) FROM jobs").fetchone()[0] == 0
