@@ -101,13 +101,33 @@ def submit(args: argparse.Namespace) -> int:
 
 
 def _follow(client: Any, job_id: str, quiet: bool) -> int:
+    """Follow a job until it ends: a progress bar like `rollout run`'s (shards, rows,
+    tokens per second, ETA) on a terminal, a line per change otherwise."""
+    from tqdm import tqdm
+
     from rollout.client import state_name
 
     last = None
-    for job in client.watch(job_id):
-        if not quiet:
-            print(_line(job), file=sys.stderr, flush=True)
-        last = job
+    terminal = not quiet and sys.stderr.isatty()
+    bar = None
+    try:
+        for job in client.watch(job_id):
+            p = job.progress
+            if terminal:
+                if bar is None or bar.total != p.shards_total:
+                    if bar is not None:
+                        bar.close()
+                    bar = tqdm(total=p.shards_total, initial=p.shards_done, unit="shard", desc=job_id, file=sys.stderr, dynamic_ncols=True)  # fmt: skip
+                bar.update(p.shards_done - bar.n)
+                bar.set_postfix_str(f"{state_name(job)}, rows {p.rows}, {p.output_tokens_per_s:.0f} out tok/s" + (f", {p.rows_cached} cached" if p.rows_cached else ""), refresh=True)  # fmt: skip
+            elif not quiet:
+                print(_line(job), file=sys.stderr, flush=True)
+            last = job
+    finally:
+        if bar is not None:
+            bar.close()
+    if last is not None and terminal:
+        print(_line(last), file=sys.stderr, flush=True)
     return 0 if last is not None and state_name(last) == "SUCCEEDED" else 1
 
 

@@ -19,6 +19,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="rollout", description="Deterministic, reproducible LLM rollouts."
     )
     parser.add_argument("--version", action="version", version=f"rollout {__version__}")
+    parser.add_argument("--log-level", default=None, metavar="LEVEL",
+                        help="debug, info (default), warning or error (env ROLLOUT_LOG_LEVEL)")  # fmt: skip
+    parser.add_argument("--log-format", default=None, choices=["text", "json"],
+                        help="text lines (default) or one JSON object per line, e.g. for the service (env ROLLOUT_LOG_FORMAT)")  # fmt: skip
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in SUBCOMMANDS:
         module.add_parser(sub)
@@ -31,6 +35,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     args = build_parser().parse_args(argv)
     try:
+        from rollout import logs
+
+        logs.setup(args.log_level, args.log_format)
         return int(args.run(args) or 0)
     except (ConfigError, InputError) as exc:
         print(f"rollout: error: {exc}", file=sys.stderr)

@@ -12,9 +12,9 @@ whole (`EngineLost`): the pool replaces the actor holding it and retries the sha
 
 from __future__ import annotations
 
+import logging
 import math
 import socket
-import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,6 +34,8 @@ from rollout.engines.deepinfer import (
     rank_env,
 )
 from rollout.errors import EngineError, EngineLost, config_error_from_validation, first_line
+
+log = logging.getLogger(__name__)
 
 
 def split(n_requests: int, ranks: int) -> list[list[int]]:
@@ -168,8 +170,7 @@ class DeepInferReplica(HFTokenizerEngine):
         eos = self._tokenizer.eos_token_id
         self._eos = frozenset([eos] if isinstance(eos, int) else [])
         self._fingerprint = fingerprint(o, per_rank[0], [Gpu(**g) for g in gpus])
-        print(f"[rollout] deepinfer replica ready: {o.engines_per_replica} ranks on {addr}, "
-              f"rendezvous port {port}", file=sys.stderr, flush=True)  # fmt: skip
+        log.info("deepinfer replica ready: %d ranks on %s, rendezvous port %d", o.engines_per_replica, addr, port)  # fmt: skip
 
     def close(self) -> None:
         import ray

@@ -5,8 +5,8 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import logging
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +14,15 @@ from typing import Any
 def actor_env(spec_json: str) -> dict[str, str]:
     """The environment an engine actor's process starts with (the one place it is set):
     nothing fetched from a hub, and what the job's engine asks for (`Engine.process_env`)."""
+    from rollout import logs
     from rollout.engines import engine_class
     from rollout.runtime import faults
 
     engine = json.loads(spec_json)["engine"]
+    logging_env = {k: os.environ[k] for k in (logs.LEVEL_ENV, logs.FORMAT_ENV) if k in os.environ}
     return (
         {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        | logging_env
         | engine_class(engine["name"]).process_env(engine.get("options") or {})
         | faults.env()
     )
@@ -53,11 +56,13 @@ class EngineWorker:
     def __init__(
         self, spec_json: str, shard_dir: str, row_counts: list[int], roots: tuple[str, ...] = ()
     ) -> None:
+        from rollout import logs
         from rollout.data.sources import Source
         from rollout.engines import create_engine
         from rollout.errors import InputError
         from rollout.jobs.spec import JobSpec
 
+        logs.setup()  # as the driver asked (ROLLOUT_LOG_LEVEL, ROLLOUT_LOG_FORMAT)
         self.spec = JobSpec.model_validate_json(spec_json)
         self.roots = tuple(roots)
         spec_input = self.spec.input
@@ -110,5 +115,5 @@ class EngineWorker:
             return run_shard(self.spec, self.source, self.engine, task, self.shard_dir, self.roots,
                              self.scorers, self.cache, self.cache_engine_key)  # fmt: skip
         except EngineLost as exc:  # this actor can no longer serve: let the pool replace it
-            print(f"[rollout] {exc}; this engine actor exits", file=sys.stderr, flush=True)
+            logging.getLogger(__name__).error("%s; this engine actor exits", exc)
             os._exit(1)

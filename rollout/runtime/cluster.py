@@ -11,13 +11,15 @@ rerun that resumes this one) joins the runtime afresh.
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import socket
-import sys
 import time
 
 from rollout.errors import ClusterLost, ConfigError, first_line
+
+log = logging.getLogger(__name__)
 
 START_ATTEMPTS = 3  # tries to join or start Ray before the job fails
 # An operator who runs Ray without authentication on a network they trust says so with this.
@@ -88,8 +90,7 @@ def connect(address: str | None) -> None:
                 ray.shutdown()
             if attempt + 1 == START_ATTEMPTS:
                 raise ClusterLost(f"cannot reach {where}: {first_line(exc)}") from None
-            print(f"[rollout] {where} did not start ({first_line(exc)}); trying again",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            log.warning("%s did not start (%s); trying again", where, first_line(exc))
             time.sleep(2.0)
 
 

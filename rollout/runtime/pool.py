@@ -13,9 +13,9 @@ retried: it stops the job with that error.
 from __future__ import annotations
 
 import functools
+import logging
 import re
 import statistics
-import sys
 import threading
 import time
 from collections import Counter, deque
@@ -30,6 +30,8 @@ from rollout.jobs.spec import JobSpec
 from rollout.runtime import cluster
 from rollout.runtime.actor import EngineWorker, actor_env, release_resource_group
 from rollout.runtime.shard import ShardResult, ShardTask
+
+log = logging.getLogger(__name__)
 
 
 @functools.cache
@@ -167,8 +169,7 @@ class ShardPool:
                 f"engine actors died {self.restarts} times in this run (pool.max_actor_restarts "
                 f"is {self._max_restarts}); last: {first_line(exc)}"
             )
-        print(f"[rollout] actor {i} died ({first_line(exc)}); starting a new one, {what}",
-              file=sys.stderr, flush=True)  # fmt: skip
+        log.warning("actor %d died (%s); starting a new one, %s", i, first_line(exc), what)
         self.rt.release(self.actors[i])
         self.actors[i] = self.rt.start_actor()
         self._starting[i] = self.actors[i].fingerprint.remote()
@@ -314,9 +315,8 @@ class ShardPool:
             load[j] += 1
             copies[task.shard_id] = [ref, backup]
             self.backups += 1
-            print(f"[rollout] shard {task.shard_id} has run {now - head_since[i]:.0f} s on actor {i} "
-                  f"(median {statistics.median(durations):.1f} s): backup copy on actor {j}",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            log.info("shard %d has run %.0f s on actor %d (median %.1f s): backup copy on actor %d",
+                     task.shard_id, now - head_since[i], i, statistics.median(durations), j)  # fmt: skip
 
     def _end_orphans(self, orphans: dict[Any, int]) -> None:
         """Every shard is done: stop the actors still running losing copies, and wait until

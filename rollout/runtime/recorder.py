@@ -9,7 +9,7 @@ The same code records a real job (JobRunner) and the simulated cluster's (simula
 from __future__ import annotations
 
 import contextlib
-import sys
+import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -18,6 +18,8 @@ from rollout.errors import OutputError
 from rollout.runtime import faults
 from rollout.runtime.manifest import Manifest
 from rollout.runtime.shard import ShardResult
+
+log = logging.getLogger(__name__)
 
 SNAPSHOT_EVERY_S = 5.0  # manifest.json rewritten at most this often; shards.jsonl in between
 
@@ -62,6 +64,5 @@ def record_batches(
         try:  # stopped or failed: the snapshot holds what was recorded
             manifest.save(out)
         except OSError as exc:  # the output is full or read-only: the journal still is
-            print(f"[rollout] the manifest snapshot could not be written ({exc}); "
-                  "shards.jsonl keeps what was recorded", file=sys.stderr)  # fmt: skip
+            log.error("the manifest snapshot could not be written (%s); shards.jsonl keeps what was recorded", exc)  # fmt: skip
         raise

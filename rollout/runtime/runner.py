@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import shutil
-import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -41,6 +41,8 @@ from rollout.runtime.manifest import JOB, STATS, Manifest, ShardEntry, write_jso
 from rollout.runtime.recorder import record_batches, writing
 from rollout.runtime.shard import ShardResult, ShardTask
 from rollout.scoring.summary import SCORES, run_scores
+
+log = logging.getLogger(__name__)
 
 DATA = "data"
 STAGING = ".incomplete"
@@ -350,8 +352,7 @@ class JobRunner:
             else:
                 staging.mkdir()
         if existing.shard_size != self.spec.shard_size:
-            print(f"[rollout] resuming with the run's shard size {existing.shard_size} "
-                  f"(not {self.spec.shard_size})", file=sys.stderr)  # fmt: skip
+            log.info("resuming with the run's shard size %d (not %d)", existing.shard_size, self.spec.shard_size)  # fmt: skip
         keep = set()
         resumed = 0
         checks = self._checks
@@ -365,8 +366,9 @@ class JobRunner:
                     keep.add(entry.file)
                     resumed += 1
                     continue
-                print(f"[rollout] shard {entry.shard_id} failed verification ({digest}); regenerating it",
-                      file=sys.stderr)  # fmt: skip
+                log.warning(
+                    "shard %d failed verification (%s); regenerating it", entry.shard_id, digest
+                )
                 entry.complete, entry.rows, entry.shard_digest = False, None, None
                 entry.skipped, entry.file_sha256 = [], None
         for leftover in staging.iterdir():

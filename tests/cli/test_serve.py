@@ -26,6 +26,31 @@ def cli(*args: str, cwd: Path, env: dict) -> subprocess.CompletedProcess:
                           timeout=600, cwd=cwd, env=env)  # fmt: skip
 
 
+def on_a_terminal(argv: list[str], cwd: Path, env: dict) -> str:
+    """Run a command with a pseudo-terminal as its stderr; what it wrote there."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # 120 columns
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=follower)
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            data = os.read(leader, 4096)
+        except OSError:  # the command ended and closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    proc.wait(timeout=120)
+    os.close(leader)
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
 def test_serve_submit_wait_status_list_manifest(tmp_path: Path):
     pq.write_table(
         pa.Table.from_pylist([{"q": f"Name a color, take {i}."} for i in range(4)]),
@@ -57,6 +82,11 @@ def test_serve_submit_wait_status_list_manifest(tmp_path: Path):
         assert submitted.returncode == 0, submitted.stderr[-2000:]
         job_id = submitted.stdout.strip()
         assert "SUCCEEDED" in submitted.stderr and "shards 2/2" in submitted.stderr
+        # on a terminal, a progress bar like `rollout run`'s instead of a line per change
+        watched = on_a_terminal(
+            [sys.executable, "-m", "rollout.cli.main", "watch", job_id], tmp_path, env
+        )
+        assert "100%|" in watched and "shard" in watched and "SUCCEEDED" in watched
         status = json.loads(cli("status", job_id, "--json", cwd=tmp_path, env=env).stdout)
         assert status["state"] == "SUCCEEDED" and status["output"] == str(tmp_path / "out")
         manifest = json.loads(cli("manifest", job_id, cwd=tmp_path, env=env).stdout)

@@ -10,9 +10,9 @@ batch, the thread count or the CPU's vector width.
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
-import sys
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -104,7 +104,7 @@ class _Seq:
 
 
 def _log(message: str) -> None:
-    print(f"[rollout] {message}", file=sys.stderr, flush=True)
+    logging.getLogger(__name__).info("%s", message)
 
 
 class SmolLM2Engine(HFTokenizerEngine):

@@ -11,9 +11,9 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 import shutil
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -74,7 +74,7 @@ class CachedModel:
 
 
 def _log(message: str) -> None:
-    print(f"[rollout] {message}", file=sys.stderr, flush=True)
+    logging.getLogger(__name__).info("%s", message)
 
 
 def _convert(gguf: Path, target: Path) -> None:
