@@ -26,6 +26,9 @@ START_ATTEMPTS = 3  # tries to join or start Ray before the job fails
 ALLOW_UNAUTHENTICATED = "ROLLOUT_ALLOW_UNAUTHENTICATED_RAY"
 
 
+NO_AUTOSCALER_METRICS = ("AUTOSCALER_METRIC_PORT", "-1")
+
+
 def secure_local_runtime() -> None:
     """Ray's token authentication for a runtime of our own. Ray's GCS and raylets listen on
     every interface (Ray 2.60 does not bind loopback even when asked), and without
@@ -71,6 +74,11 @@ def connect(address: str | None) -> None:
         check_joined_cluster_auth(address)
     else:
         secure_local_runtime()
+        # Ray's autoscaler monitor serves its metrics, unauthenticated, on every interface
+        # once prometheus_client is importable (it is: rollout serve --metrics-address uses
+        # it); a runtime of our own has nothing to autoscale, so that server is not started
+        # (an invalid port makes the monitor skip it: ray/autoscaler/_private/monitor.py)
+        os.environ.setdefault(NO_AUTOSCALER_METRICS[0], NO_AUTOSCALER_METRICS[1])
     for attempt in range(START_ATTEMPTS):
         try:
             if address:

@@ -39,11 +39,23 @@ def job_file(tmp_path: Path, inp: Path, out: str) -> Path:
     return spec
 
 
-@pytest.mark.parametrize(("checksum", "compression"), [(False, "snappy"), (True, "none")])
-def test_rollout_run_names_the_file_row_group_and_column(ray_runtime, tmp_path, checksum, compression):  # fmt: skip
+def test_a_page_failing_its_checksum_is_caught(tmp_path):
+    """Uncompressed data with flipped bytes reads without error: only the page checksum
+    tells, and the reader verifies it."""
+    from rollout.data.sources import Source
+    from rollout.errors import InputError
+
+    inp = tmp_path / "flipped.parquet"
+    corrupt(inp, 0, "q", checksum=True, compression="none")
+    with pytest.raises(InputError, match=r"row group 0 of 3, column 'q' cannot be read"):
+        list(Source(str(inp)).read(0, 300, ["q"]))
+
+
+@pytest.mark.parametrize(("checksum", "compression"), [(False, "snappy")])
+def test_rollout_run_names_the_file_row_group_and_column(tmp_path, checksum, compression):
     inp = tmp_path / "bad.parquet"
     corrupt(inp, 1, "q", checksum, compression)
-    out = subprocess.run([sys.executable, "-m", "rollout.cli.main", "run", str(job_file(tmp_path, inp, "o")), "--quiet", "--ray-address", "auto"],  # fmt: skip
+    out = subprocess.run([sys.executable, "-m", "rollout.cli.main", "run", str(job_file(tmp_path, inp, "o")), "--quiet"],  # fmt: skip
                          capture_output=True, text=True, timeout=300)  # fmt: skip
     assert out.returncode == 2, out.stderr[-2000:]
     assert "Traceback" not in out.stderr

@@ -286,8 +286,13 @@ def test_empty_prompts_can_be_skipped_and_listed(ray_runtime, tmp_path):
         json.loads(line) for line in (tmp_path / "out" / "errors.jsonl").read_text().splitlines()
     ]
     assert errors == [
-        {"row_index": 1, "example_id": "b", "reason": "column 'question' is null"},
-        {"row_index": 2, "example_id": "c", "reason": "the prompt is empty"},
+        {
+            "row_index": 1,
+            "example_id": "b",
+            "stage": "render",
+            "reason": "column 'question' is null",
+        },
+        {"row_index": 2, "example_id": "c", "stage": "render", "reason": "the prompt is empty"},
     ]
 
 

@@ -43,10 +43,10 @@ def grpc_codes(target: str, token: str | None) -> dict[str, str]:
     return codes
 
 
-def http_status(target: str, token: str | None) -> str:
+def http_status(target: str, token: str | None, method: str = "POST", path: str = "/get_or_create_runtime_env") -> str:  # fmt: skip
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    request = urllib.request.Request(f"http://{target}/get_or_create_runtime_env", data=b"",
-                                     headers=headers, method="POST")  # fmt: skip
+    request = urllib.request.Request(f"http://{target}{path}", data=b"" if method == "POST" else None,
+                                     headers=headers, method=method)  # fmt: skip
     try:
         with urllib.request.urlopen(request, timeout=5) as response:
             return str(response.status)
@@ -68,7 +68,8 @@ def main() -> None:
             report[port] = {"reachable": False, "why": str(exc)}
             continue
         report[port] = {"reachable": True, "grpc": grpc_codes(target, token),
-                        "http": http_status(target, token)}  # fmt: skip
+                        "http": http_status(target, token),
+                        "http_get": http_status(target, token, "GET", "/metrics")}  # fmt: skip
     print(json.dumps(report))
 
 

@@ -28,11 +28,11 @@ def sweep_spec(tmp: Path) -> tuple[dict, dict]:
     base = {
         "input": {"path": str(tmp / "set-a.jsonl")}, "id_column": "id",
         "prompt": {"template": "{question}\nEnd with '#### <number>'.", "chat": True},
-        "sampling": {"temperature": 0.7, "max_tokens": 24}, "engine": {"name": "smollm2"},
+        "sampling": {"temperature": 0.7, "max_tokens": 12}, "engine": {"name": "smollm2"},
         "carry_columns": ["answer"], "shard_size": 3, "pool": {"actors": 1, "cpus_per_actor": 1},
         "scoring": [
             {"name": "any_number", "scorer": "regex_match", "pattern": r"(\d+)", "reference": "answer", "pass_at_k": [1]},  # fmt: skip
-            {"name": "long", "scorer": "length", "max_tokens": 24, "buffer": 8},
+            {"name": "long", "scorer": "length", "max_tokens": 12, "buffer": 4},
         ],
     }  # fmt: skip
     spec = {"name": "t", "base": base, "axes": {
@@ -137,6 +137,6 @@ def test_bad_sweeps_name_the_cell_and_the_field(tmp_path):
                                 "overrides": [{"where": {"n": 2}, "set": {"sampling.max_tokens": 8}}]}), base)  # fmt: skip
     assert [c.cell_id for c in cells] == ["n=1", "n=2,temperature=0.1"]
     assert cells[1].job["sampling"] == {"temperature": 0.1, "max_tokens": 8}
-    assert cells[0].job["sampling"] == {"temperature": 0.7, "max_tokens": 24}
+    assert cells[0].job["sampling"] == {"temperature": 0.7, "max_tokens": 12}
     with pytest.raises(ConfigError, match="the same cell"):
         expand(parse_sweep({"base": base, "cells": [{"n": 1}, {"n": 1}]}), base)
