@@ -18,7 +18,11 @@ def test_json_text_and_level():
     assert as_json.returncode == 0, as_json.stderr[-1000:]
     records = [json.loads(line) for line in as_json.stderr.splitlines() if line.strip()]
     ready = [r for r in records if "engine ready" in r["message"]]
-    assert ready and ready[0]["level"] == "INFO" and ready[0]["logger"] == "rollout.engines.smollm2.engine"
+    assert (
+        ready
+        and ready[0]["level"] == "INFO"
+        and ready[0]["logger"] == "rollout.engines.smollm2.engine"
+    )
     assert set(ready[0]) >= {"time", "level", "logger", "message", "pid"}
     as_text = run(*gen)
     assert " INFO rollout.engines.smollm2.engine: smollm2 engine ready in " in as_text.stderr
