@@ -455,3 +455,29 @@ def test_the_acceptance_script_runs_against_the_stand_in(ray_runtime, model_dir,
     for check in ("canary", "rank 0 vs rank 1", "batch 3x1 vs 8 vs 24", "30-row job twice"):
         assert f"| {check}" in report and "| FAIL |" not in report
     assert "verdict: **PASS**" in report and '"engine": "deepinfer"' in report
+
+
+def test_teacher_forcing_passes_the_completion_as_golden_token_ids(ray_runtime, fresh_log):
+    """A teacher-forced request reaches every rank's engine with golden_token_ids (the real
+    SamplingParams argument: the contract test checks the stand-in's signature against the
+    sdist) and comes back as the given tokens with their logprobs, finish reason length,
+    whatever the split and whatever else is in the batch."""
+    params = SamplingParams(temperature=0.8, max_tokens=4, logprobs=True)
+    golden = [11, 12, 13, 14, 15, 16]  # longer than max_tokens: the completion decides
+    forced = GenerationRequest("tf", [7, 8, 9], params, 3, forced_output=golden)
+    outs = []
+    for ranks in (1, RANKS):
+        engine = create_engine("deepinfer", **options(fresh_log, engines_per_replica=ranks))
+        engine.start()
+        try:
+            res = engine.generate([GenerationRequest("free", [7, 8], params, 2), forced])
+        finally:
+            engine.close()
+        tf = next(r for r in res if r.request_id == "tf")
+        assert tf.output_token_ids == golden and tf.finish_reason == "length"
+        assert len(tf.output_logprobs) == len(golden)
+        outs.append(tf.output_logprobs)
+    assert outs[0] == outs[1]
+    sent = [r for c in calls(fresh_log) if c.get("event") == "generate" for r in c["requests"]]
+    assert sorted(str(r["golden_token_ids"]) for r in sent if r["golden_token_ids"]) == [str(golden)] * 2  # fmt: skip
+    assert all(r["max_tokens"] == len(golden) for r in sent if r["golden_token_ids"])

@@ -173,7 +173,8 @@ class LLM:
         self._log({"event": "generate", "use_tqdm": use_tqdm, "prompts": len(prompt_token_ids),
                    "requests": [{"prompt_len": len(ids), "seq_seed": p.seq_seed, "max_tokens": p.max_tokens,
                                  "temperature": p.temperature, "top_logprobs": p.top_logprobs,
-                                 "prompt_logprobs": p.prompt_logprobs, "so_args": p.so_args}
+                                 "prompt_logprobs": p.prompt_logprobs, "so_args": p.so_args,
+                                 "golden_token_ids": p.golden_token_ids}
                                 for ids, p in zip(prompt_token_ids, sampling_params, strict=True)]})  # fmt: skip
         batch = 0 if self.invariant else len(prompt_token_ids)
         out = [self._one(list(map(int, ids)), p, batch)
