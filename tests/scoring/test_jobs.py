@@ -24,7 +24,7 @@ from rollout.runtime.runner import JobRunner
 from rollout.scoring.rescore import rescore
 from tests.scoring.test_math import DATA, is_correct
 
-PROBLEMS, N = 10, 4
+PROBLEMS, N = 8, 4
 REWARD = {"name": "correct", "scorer": "math_equal", "reference": "answer", "extract": "last_number",
           "reference_format": "gsm8k", "advantages": True, "pass_at_k": [1, 2, 4]}  # fmt: skip
 FORMAT = {"name": "shape", "scorer": "regex_match", "pattern": r"#### (\-?[0-9\.\,]+)",
@@ -44,10 +44,10 @@ def rollout_run(ray_runtime, tmp_path_factory) -> Path:
         "input": {"path": str(tmp / "problems.jsonl")}, "id_column": "id",
         "prompt": {"template": "{question}\nEnd with '#### <number>'.", "chat": True},
         "n": N, "job_seed": 11, "carry_columns": ["answer"],
-        "sampling": {"temperature": 0.8, "top_p": 0.95, "max_tokens": 48, "logprobs": True},
+        "sampling": {"temperature": 0.8, "top_p": 0.95, "max_tokens": 32, "logprobs": True},
         "engine": {"name": "smollm2"}, "shard_size": 4,
         "pool": {"actors": 2, "cpus_per_actor": 1}, "output": str(tmp / "run"),
-        "scoring": [REWARD, {"name": "long", "scorer": "length", "max_tokens": 48, "buffer": 16}],
+        "scoring": [REWARD, {"name": "long", "scorer": "length", "max_tokens": 32, "buffer": 8}],
     })  # fmt: skip
     summary = JobRunner(spec).run()
     assert summary.rows == PROBLEMS * N and summary.score_digest
@@ -95,7 +95,7 @@ def test_teacher_forcing_a_runs_own_completions_gives_its_logprobs_bit_for_bit(
         "input": {"path": str(rollout_run / "data")},
         "teacher_forcing": {"prompt_ids_column": "prompt_token_ids", "completion_ids_column": "output_token_ids"},
         "carry_columns": ["example_id", "sample_index"],
-        "sampling": {"temperature": 0.8, "top_p": 0.95, "max_tokens": 48},
+        "sampling": {"temperature": 0.8, "top_p": 0.95, "max_tokens": 32},
         "engine": {"name": "smollm2"}, "shard_size": 7,  # other batches than the generation's
         "pool": {"actors": 1, "cpus_per_actor": 1}, "output": str(tmp_path / "forced"),
     })  # fmt: skip

@@ -50,6 +50,13 @@ except Exception as exc:
 """
 
 
+@pytest.fixture(scope="module")
+def owned():
+    """One runtime for the module's probes (starting one takes most of their time)."""
+    with owned_runtime() as started:
+        yield started
+
+
 @contextlib.contextmanager
 def owned_runtime():
     """A Ray runtime as `rollout serve` starts it, in a process of its own: (process, the
@@ -72,22 +79,20 @@ def _attack(gcs: str, home: Path, **env: str) -> str:
     return out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr[-300:]
 
 
-def test_no_ray_port_runs_code_without_the_token(tmp_path):
-    with owned_runtime() as (owner, info):
-        host = info["gcs"].rsplit(":", 1)[0]
-        assert info["mode"] == "token" and len(info["token"]) == 64
-        assert not host.startswith("127."), "the attack must come through a non-loopback address"
-        attacker_home = tmp_path / "attacker"  # no ~/.ray/auth_token there
-        attacker_home.mkdir()
-        for how, extra in (("no authentication", {"RAY_AUTH_MODE": "disabled"}),
-                           ("a guessed token", {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64})):  # fmt: skip
-            got = _attack(info["gcs"], attacker_home, **extra)
-            assert got.startswith("REFUSED"), f"with {how}: {got}"
-        # the same attack with the token runs: the refusals above were for the token's sake
-        got = _attack(
-            info["gcs"], attacker_home, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=info["token"]
-        )
-        assert got.startswith("ran "), got
+def test_no_ray_port_runs_code_without_the_token(tmp_path, owned):
+    owner, info = owned
+    host = info["gcs"].rsplit(":", 1)[0]
+    assert info["mode"] == "token" and len(info["token"]) == 64
+    assert not host.startswith("127."), "the attack must come through a non-loopback address"
+    attacker_home = tmp_path / "attacker"  # no ~/.ray/auth_token there
+    attacker_home.mkdir()
+    for how, extra in (("no authentication", {"RAY_AUTH_MODE": "disabled"}),
+                       ("a guessed token", {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64})):  # fmt: skip
+        got = _attack(info["gcs"], attacker_home, **extra)
+        assert got.startswith("REFUSED"), f"with {how}: {got}"
+    # the same attack with the token runs: the refusals above were for the token's sake
+    got = _attack(info["gcs"], attacker_home, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=info["token"])
+    assert got.startswith("ran "), got
 
 
 @pytest.fixture
@@ -138,32 +143,32 @@ def _probe(namespace: str, host: str, token: str, ports: list[int]) -> dict:
     return json.loads(out.stdout)
 
 
-def test_from_another_network_namespace_no_ray_port_answers_without_the_token(namespace, tmp_path):
-    with owned_runtime() as (owner, info):
-        host = info["gcs"].rsplit(":", 1)[0]
-        ports = _listening_ports(owner.pid)
-        gcs_port = info["gcs"].rsplit(":", 1)[1]
-        assert int(gcs_port) in ports and len(ports) >= 4, ports  # GCS, raylet, agent, workers
-        stranger = _probe(namespace, host, "-", ports)
-        for port, seen in stranger.items():
-            assert seen["reachable"], f"port {port} is not reachable from the namespace: {seen}"
-            answers = [*seen["grpc"].values(), seen["http"]]
-            assert "OK" not in answers, f"port {port}: {seen}"
-            # nothing is served over HTTP either, read-only pages included (GET /metrics)
-            assert not seen["http"].startswith("2") and not seen["http_get"].startswith("2"), f"port {port}: {seen}"  # fmt: skip
-            # each port was reached by a Ray service that refused for want of the token
-            assert "UNAUTHENTICATED" in answers or seen["http"] == "401", f"port {port}: {seen}"
-        # Ray's own client from the namespace is refused too
-        attacker_home = tmp_path / "attacker"
-        attacker_home.mkdir()
-        clean = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-        got = subprocess.run(["ip", "netns", "exec", namespace, sys.executable, "-c", ATTACK, info["gcs"]],
-                             env=clean | {"HOME": str(attacker_home), "RAY_AUTH_MODE": "disabled"},
-                             capture_output=True, text=True, timeout=120).stdout  # fmt: skip
-        assert got.strip().splitlines()[-1].startswith("REFUSED"), got
-        # with the token the same probe is served: the namespace does reach Ray
-        friend = _probe(namespace, host, info["token"], ports)
-        assert friend[gcs_port]["grpc"]["/ray.rpc.NodeInfoGcsService/GetAllNodeInfo"] == "OK"
+def test_from_another_network_namespace_no_ray_port_answers_without_the_token(namespace, tmp_path, owned):  # fmt: skip
+    owner, info = owned
+    host = info["gcs"].rsplit(":", 1)[0]
+    ports = _listening_ports(owner.pid)
+    gcs_port = info["gcs"].rsplit(":", 1)[1]
+    assert int(gcs_port) in ports and len(ports) >= 4, ports  # GCS, raylet, agent, workers
+    stranger = _probe(namespace, host, "-", ports)
+    for port, seen in stranger.items():
+        assert seen["reachable"], f"port {port} is not reachable from the namespace: {seen}"
+        answers = [*seen["grpc"].values(), seen["http"]]
+        assert "OK" not in answers, f"port {port}: {seen}"
+        # nothing is served over HTTP either, read-only pages included (GET /metrics)
+        assert not seen["http"].startswith("2") and not seen["http_get"].startswith("2"), f"port {port}: {seen}"  # fmt: skip
+        # each port was reached by a Ray service that refused for want of the token
+        assert "UNAUTHENTICATED" in answers or seen["http"] == "401", f"port {port}: {seen}"
+    # Ray's own client from the namespace is refused too
+    attacker_home = tmp_path / "attacker"
+    attacker_home.mkdir()
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    got = subprocess.run(["ip", "netns", "exec", namespace, sys.executable, "-c", ATTACK, info["gcs"]],
+                         env=clean | {"HOME": str(attacker_home), "RAY_AUTH_MODE": "disabled"},
+                         capture_output=True, text=True, timeout=120).stdout  # fmt: skip
+    assert got.strip().splitlines()[-1].startswith("REFUSED"), got
+    # with the token the same probe is served: the namespace does reach Ray
+    friend = _probe(namespace, host, info["token"], ports)
+    assert friend[gcs_port]["grpc"]["/ray.rpc.NodeInfoGcsService/GetAllNodeInfo"] == "OK"
 
 
 def test_joining_a_cluster_without_authentication_is_refused(monkeypatch):
