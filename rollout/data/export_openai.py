@@ -18,12 +18,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rollout import determinism
 from rollout.audit.runs import RunDir
-from rollout.errors import ConfigError, InputError
+from rollout.errors import ConfigError
 from rollout.runtime.manifest import write_text_atomic
 
 COLUMNS = ["row_index", "example_id", "sample_index", "output_text", "output_token_ids",
@@ -95,7 +94,6 @@ def export_openai_batch(run_path: str, output: str, errors: str | None = None) -
     system_fingerprint = "fp_" + hashlib.sha256(determinism.canonical_json(fingerprint)).hexdigest()[:10]  # fmt: skip
     run_digest = run.manifest.run_digest or ""
     created = int((run.path / "manifest.json").stat().st_mtime)
-    urls = _urls(spec)
     groups: dict[str, list[dict[str, Any]]] = {}
     order: list[str] = []
     for _, path in run.shard_files():
@@ -111,7 +109,7 @@ def export_openai_batch(run_path: str, output: str, errors: str | None = None) -
     for cid in order:
         rows = sorted(groups[cid], key=lambda r: r["sample_index"])
         params = json.loads(rows[0].get("request_params") or "{}")
-        chat = urls.get(cid, "/v1/chat/completions") == "/v1/chat/completions"
+        chat = params.get("url", "/v1/chat/completions") == "/v1/chat/completions"
         choices = []
         for r in rows:
             reason = r["finish_reason"]
@@ -142,16 +140,3 @@ def export_openai_batch(run_path: str, output: str, errors: str | None = None) -
     write_text_atomic(out, "".join(json.dumps(x, ensure_ascii=False) + "\n" for x in lines))
     write_text_atomic(err, "".join(json.dumps(x, ensure_ascii=False) + "\n" for x in failed))
     return len(lines), len(failed)
-
-
-def _urls(spec: dict[str, Any]) -> dict[str, str]:
-    """custom_id -> url, from the run's input (the rows do not carry it)."""
-    from rollout.data.sources import Source
-
-    inp = spec["input"]
-    try:
-        source = Source(inp["path"], "openai-batch")
-        table = pa.Table.from_batches(list(source.read(0, source.num_rows, ["custom_id", "url"])))
-    except InputError:
-        return {}
-    return dict(zip(table.column(0).to_pylist(), table.column(1).to_pylist(), strict=True))

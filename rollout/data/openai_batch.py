@@ -7,7 +7,7 @@ sampling parameters as JSON (temperature, top_p, max_tokens or max_completion_to
 stop, seed, logprobs, top_logprobs, response_format), which override the job's for that
 row; a row's `seed` takes the place of job_seed in its seq_seed. They are part of the file,
 so `config_hash` covers them through the input's fingerprint; every output row records the
-parameters it was made with (`request_params`).
+parameters it was made with (`request_params`, with the model and the endpoint url).
 """
 
 from __future__ import annotations

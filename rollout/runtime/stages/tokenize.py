@@ -61,7 +61,7 @@ class Tokenize(Stage):
                 except InputError as exc:
                     row_error(work, "tokenize", exc.where, row_index, example_id, exc.reason)
                     continue
-                request_params = json.dumps({"model": row.get("model"), "n": n, "seed": str(job_seed)} | params.config_view(), sort_keys=True)  # fmt: skip
+                request_params = json.dumps({"model": row.get("model"), "url": row.get("url"), "n": n, "seed": str(job_seed)} | params.config_view(), sort_keys=True)  # fmt: skip
                 if params.so_args is not None and spec.engine.name not in STRUCTURED_OUTPUT:
                     row_error(work, "tokenize", f"{where}: body.response_format", row_index, example_id,
                               f"structured output needs an engine that supports it ({', '.join(sorted(STRUCTURED_OUTPUT))})")  # fmt: skip
