@@ -79,11 +79,8 @@ class ParquetReader(Reader):
         return pq.ParquetFile(handle, page_checksum_verification=True)
 
     def _meta(self, path: str, what: Callable[[pq.ParquetFile], Any]) -> Any:
-        try:
-            with self.open(path) as handle:
-                return what(self._file(handle))
-        except (pa.ArrowInvalid, OSError) as exc:
-            raise InputError(f"input file {path!r}", f"is not a readable Parquet file: {exc}") from None  # fmt: skip
+        with self.open(path) as handle:
+            return what(self._meta_file(handle, path))
 
     def num_rows(self, path: str) -> int:
         return self._meta(path, lambda f: f.metadata.num_rows)

@@ -170,9 +170,6 @@ class Source:
     def reader(self) -> Reader:
         return READERS[self.format](self._open)
 
-    def _batches(self, f: InputFile, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
-        return self.reader.checked_batches(f.path, columns)
-
     def row_counts(self) -> list[int]:
         """Rows per file (cached); parsing each file once checks it can be read."""
         if self._counts is None:

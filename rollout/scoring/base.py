@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -73,10 +73,3 @@ class Scorer(ABC):
         if column not in row.columns:
             raise ConfigError(f"scoring.{self.name}", column, f"the input has no column {column!r}")  # fmt: skip
         return row.columns[column]
-
-
-@dataclass
-class ScoreColumns:
-    """The score columns of a batch of rows, by column name, in row order."""
-
-    values: dict[str, list[Any]] = field(default_factory=dict)

@@ -32,7 +32,7 @@ from rollout.jobs.spec import JobSpec, parse_job_spec
 from rollout.runtime.manifest import JOB, Manifest, write_json_atomic
 from rollout.runtime.stages.score import build_scorers, score_columns
 from rollout.scoring.base import ScoreRow
-from rollout.scoring.summary import SCORES, run_scores, score_column_names
+from rollout.scoring.summary import SCORES, run_scores
 
 STAGING = ".incomplete"
 
@@ -162,6 +162,3 @@ def _score_rows(table: pa.Table, input_rows: Callable[[int, int], list[dict]] | 
                  example_id=cols["example_id"][i], sample_index=cols["sample_index"][i])
         for i in range(n)
     ]  # fmt: skip
-
-
-__all__ = ["load_scoring", "rescore", "score_column_names"]

@@ -12,6 +12,7 @@ reason that depends only on the program (no paths, no addresses, no timings).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import secrets
@@ -59,6 +60,7 @@ def run_program(source: str, limits: Limits, tmp_root: str | None = None) -> Ver
         shutil.rmtree(folder, ignore_errors=True)
 
 
+@functools.cache
 def _readable_by_others(python: str) -> bool:
     """Whether `nobody` could run `python` with its standard library (a Python under /root,
     as pyenv installs it for root, cannot be): only then are root's privileges dropped."""

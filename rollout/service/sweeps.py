@@ -19,7 +19,7 @@ from rollout.service.manager import JobManager, NotFound, resolve_under_roots
 from rollout.service.store import FINAL, SweepRecord
 from rollout.sweeps.report import build_report, render_markdown, write_report
 from rollout.sweeps.runner import CellState, sweep_digest
-from rollout.sweeps.spec import cache_dir, expand, parse_sweep
+from rollout.sweeps.spec import cache_dir, cell_job_data, expand, parse_sweep
 
 
 class SweepService:
@@ -31,19 +31,20 @@ class SweepService:
         spec = parse_sweep(data)
         if not isinstance(spec.base, dict):
             raise ConfigError("sweep.base", spec.base, "must be the job spec itself on the service (rollout sweep --server inlines a base file)")  # fmt: skip
+        out = resolve_under_roots("output", output, self.manager.roots)
         if request_id:
             found = self.store.sweep_by_request(request_id)
             if found is not None:
-                if found.spec != spec.model_dump(mode="json") or found.output != resolve_under_roots("output", output, self.manager.roots):  # fmt: skip
+                if found.spec != spec.model_dump(mode="json") or found.output != out:
                     raise Conflict(f"request_id {request_id!r} was used for sweep {found.sweep_id} with another spec or output")  # fmt: skip
                 return found
-        out = resolve_under_roots("output", output, self.manager.roots)
         cache = cache_dir(spec, Path(out))
         sweep_id = hashlib.sha256(request_id.encode()).hexdigest()[:16] if request_id else uuid.uuid4().hex[:16]  # fmt: skip
         cells, jobs = [], []
         for cell in expand(spec, dict(spec.base)):
-            job = cell.job | {"output": str(Path(out) / "cells" / cell.cell_id), "cache": cache}
-            validated = self.manager.validate(job)  # every cell, before any is queued
+            validated = self.manager.validate(
+                cell_job_data(cell, Path(out), cache)
+            )  # every cell, before any is queued
             rows = Source(validated.input.path, validated.input.format, validated.input.split).num_rows  # fmt: skip
             jobs.append((cell.cell_id, validated))
             cells.append({"cell_id": cell.cell_id, "settings": cell.settings, "rows_total": rows * validated.n})  # fmt: skip

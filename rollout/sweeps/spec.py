@@ -178,5 +178,10 @@ def cache_dir(spec: SweepSpec, output: Path) -> str | None:
     return spec.cache
 
 
+def cell_job_data(cell: Cell, output: Path, cache: str | None) -> dict[str, Any]:
+    """The cell's job spec with its run folder (<output>/cells/<cell id>) and the shared cache."""
+    return cell.job | {"output": str(output / "cells" / cell.cell_id), "cache": cache}
+
+
 def cell_job(cell: Cell, output: Path, cache: str | None) -> JobSpec:
-    return parse_job_spec(cell.job | {"output": str(output / "cells" / cell.cell_id), "cache": cache})  # fmt: skip
+    return parse_job_spec(cell_job_data(cell, output, cache))
